@@ -1,0 +1,123 @@
+"""One ``Settings`` object for the whole project, read from ``FACEFUSE_*`` env.
+
+Settings are passed down explicitly; nothing reads the environment after
+:meth:`Settings.from_env` has run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from facefuse.errors import InvalidArgumentError
+
+Precision = Literal["auto", "fp32", "int8", "fp16"]
+
+
+def default_home() -> Path:
+    """``$FACEFUSE_HOME`` or ``~/.cache/facefuse``."""
+    env = os.environ.get("FACEFUSE_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "facefuse"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Runtime configuration. Every field maps to ``FACEFUSE_<FIELD>`` in upper case."""
+
+    home: Path = field(default_factory=default_home)
+    #: Where manifest.json and the ONNX files live; default ``<home>/models``.
+    models_dir: Path | None = None
+    #: ONNX Runtime intra-op threads per session (0 = ORT decides).
+    threads: int = 1
+    #: Execution providers in order of preference, e.g. ``("cuda", "cpu")``.
+    providers: tuple[str, ...] = ("cpu",)
+    precision: Precision = "auto"
+    #: Directory where ORT writes optimised graphs / TensorRT engines (None: off).
+    optimized_cache: Path | None = None
+    #: ``full`` (BlazeFace full-range, any distance) or ``short`` (selfies).
+    detector: Literal["full", "short"] = "full"
+    det_score_threshold: float = 0.5
+    det_nms_iou: float = 0.3
+    #: Images whose long side exceeds this are also scanned in tiles, in pixels.
+    det_tile_above: int = 1280
+    #: dlib's same-person threshold on the Euclidean distance of raw embeddings.
+    same_person_distance: float = 0.6
+    #: Run the age / gender models during analysis.
+    attributes: bool = False
+    #: Decoder limits.
+    max_pixels: int = 40_000_000
+    max_bytes: int = 10 * 1024 * 1024
+    min_side: int = 16
+
+    @property
+    def model_dir(self) -> Path:
+        """The resolved model directory."""
+        return self.models_dir if self.models_dir is not None else self.home / "models"
+
+    @property
+    def samples_dir(self) -> Path:
+        return self.home / "samples"
+
+    @property
+    def downloads_dir(self) -> Path:
+        return self.home / "downloads"
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read ``FACEFUSE_*`` variables; ``overrides`` win. Bad values raise
+        :class:`~facefuse.errors.InvalidArgumentError` naming the variable."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = "FACEFUSE_" + f.name.upper()
+            if key not in env or f.name in overrides:
+                continue
+            raw = env[key]
+            try:
+                values[f.name] = _parse(f.name, str(f.type), raw)
+            except ValueError as exc:
+                raise InvalidArgumentError(f"{key}={raw!r}: {exc}") from exc
+        values.update(overrides)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidArgumentError` on out-of-range values."""
+        if self.precision not in ("auto", "fp32", "int8", "fp16"):
+            raise InvalidArgumentError(f"precision must be auto|fp32|int8|fp16, not {self.precision!r}")
+        if self.detector not in ("full", "short"):
+            raise InvalidArgumentError(f"detector must be full|short, not {self.detector!r}")
+        if not 0.0 < self.det_score_threshold < 1.0:
+            raise InvalidArgumentError("det_score_threshold must be in (0, 1)")
+        if self.threads < 0:
+            raise InvalidArgumentError("threads must be >= 0")
+        if self.max_pixels <= 0 or self.max_bytes <= 0:
+            raise InvalidArgumentError("max_pixels and max_bytes must be positive")
+
+
+def _parse(name: str, type_name: str, raw: str) -> Any:
+    if "Path" in type_name:
+        return Path(raw).expanduser() if raw else None
+    if "tuple" in type_name:
+        return tuple(p.strip().lower() for p in raw.split(",") if p.strip())
+    if type_name == "bool":
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError("expected a boolean")
+    if type_name == "int":
+        return int(raw)
+    if type_name == "float":
+        return float(raw)
+    return raw.strip().lower()

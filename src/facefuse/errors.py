@@ -1,0 +1,155 @@
+"""Typed errors with stable codes.
+
+Every error the library raises on purpose is a :class:`FacefuseError`. Each class
+carries three stable identifiers that callers can rely on across releases:
+
+* ``code`` — a short snake_case string, used in HTTP JSON bodies
+  (``{"error": {"code", "message"}}``) and in CLI error lines;
+* ``http_status`` — the 4xx/5xx status the HTTP API answers with;
+* ``exit_code`` — the process exit status of the ``facefuse`` CLI.
+
+Exit codes: 2 usage, 3 bad input image, 4 face problem, 5 model problem,
+6 build/fetch problem, 7 service (queue/deadline) problem.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class FacefuseError(Exception):
+    """Base class of every deliberate facefuse error."""
+
+    code: ClassVar[str] = "facefuse_error"
+    http_status: ClassVar[int] = 500
+    exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            # Instance-level refinement of the class code (e.g. which image).
+            self.code = code  # type: ignore[misc]
+
+    def to_dict(self) -> dict[str, dict[str, str]]:
+        """The JSON error body: ``{"error": {"code": ..., "message": ...}}``."""
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+# --- input images --------------------------------------------------------------------
+
+
+class InvalidImageError(FacefuseError):
+    """The bytes are not an image we can use."""
+
+    code = "invalid_image"
+    http_status = 400
+    exit_code = 3
+
+
+class EmptyImageError(InvalidImageError):
+    code = "empty_image"
+
+
+class UnsupportedFormatError(InvalidImageError):
+    code = "unsupported_format"
+    http_status = 415
+
+
+class CorruptImageError(InvalidImageError):
+    code = "corrupt_image"
+
+
+class ImageTooLargeError(InvalidImageError):
+    code = "image_too_large"
+    http_status = 413
+
+
+class ImageTooSmallError(InvalidImageError):
+    code = "image_too_small"
+    http_status = 422
+
+
+# --- faces -----------------------------------------------------------------------------
+
+
+class FaceError(FacefuseError):
+    """A face is missing or unusable."""
+
+    code = "face_error"
+    http_status = 422
+    exit_code = 4
+
+
+class NoFaceError(FaceError):
+    code = "no_face"
+
+
+class FaceTooSmallError(FaceError):
+    code = "face_too_small"
+
+
+class FaceProfileError(FaceError):
+    code = "face_profile"
+
+
+class FaceIndexError(FaceError):
+    code = "face_index_out_of_range"
+
+
+# --- arguments -------------------------------------------------------------------------
+
+
+class InvalidArgumentError(FacefuseError):
+    """An option is out of range or of the wrong type."""
+
+    code = "invalid_argument"
+    http_status = 422
+    exit_code = 2
+
+
+# --- models ----------------------------------------------------------------------------
+
+
+class ModelError(FacefuseError):
+    """A model is missing, corrupt or cannot be loaded."""
+
+    code = "model_error"
+    http_status = 503
+    exit_code = 5
+
+
+class ModelMissingError(ModelError):
+    code = "model_missing"
+
+
+class ModelCorruptError(ModelError):
+    code = "model_corrupt"
+
+
+class BuildError(FacefuseError):
+    """Fetching or converting pinned sources failed."""
+
+    code = "build_failed"
+    exit_code = 6
+
+
+class ChecksumError(BuildError):
+    code = "checksum_mismatch"
+
+
+# --- service ---------------------------------------------------------------------------
+
+
+class OverloadedError(FacefuseError):
+    """The bounded queue is full: retry later."""
+
+    code = "overloaded"
+    http_status = 503
+    exit_code = 7
+
+
+class DeadlineExceededError(FacefuseError):
+    code = "deadline_exceeded"
+    http_status = 504
+    exit_code = 7

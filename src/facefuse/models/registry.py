@@ -1,0 +1,119 @@
+"""The model registry: manifest + verified files + shared ORT sessions.
+
+``ModelRegistry.get(name)`` returns a :class:`LoadedModel` (spec + session),
+choosing the precision variant the settings ask for, verifying its sha256 on
+first load and sharing the session across threads afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from facefuse.config import Settings
+from facefuse.models.manifest import Manifest, ModelSpec, verify_file
+from facefuse.models.session import create_session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A verified model and its ONNX Runtime session."""
+
+    spec: ModelSpec
+    session: ort.InferenceSession
+    path: Path
+
+    @property
+    def input_name(self) -> str:
+        return self.spec.inputs[0].name
+
+    @property
+    def provider(self) -> str:
+        return str(self.session.get_providers()[0])
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Run with positional inputs (in manifest order); returns all outputs."""
+        feeds = {t.name: x for t, x in zip(self.spec.inputs, inputs, strict=True)}
+        out: list[Any] = self.session.run(None, feeds)
+        return [np.asarray(o) for o in out]
+
+
+def gpu_requested(settings: Settings) -> bool:
+    return any(p in ("cuda", "tensorrt", "trt") for p in settings.providers) and any(
+        p in ort.get_available_providers()
+        for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+    )
+
+
+def choose_variant(manifest: Manifest, name: str, settings: Settings) -> ModelSpec:
+    """Pick the manifest entry for ``name`` at the configured precision.
+
+    ``auto``: INT8 on CPU when a gated INT8 variant exists, FP16 on GPU when one
+    exists, FP32 otherwise. An explicit precision with no variant falls back to
+    FP32 with a logged reason.
+    """
+    base = manifest.get(name)
+    variants = {m.precision: m for m in manifest.models.values() if m.base == name}
+    want = settings.precision
+    if want == "auto":
+        want = "fp16" if gpu_requested(settings) else "int8"
+    if want in variants:
+        return variants[want]
+    if want != "fp32" and settings.precision != "auto":
+        log.warning("no %s variant of %s in the manifest; using fp32", want, name)
+    return base
+
+
+class ModelRegistry:
+    """Thread-safe lazy loader of the models in one model directory."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.models_dir = settings.model_dir
+        self._lock = threading.Lock()
+        self._manifest: Manifest | None = None
+        self._loaded: dict[str, LoadedModel] = {}
+
+    @property
+    def manifest(self) -> Manifest:
+        with self._lock:
+            if self._manifest is None:
+                self._manifest = Manifest.load(self.models_dir)
+            return self._manifest
+
+    def has(self, name: str) -> bool:
+        return name in self.manifest.models
+
+    def get(self, name: str) -> LoadedModel:
+        """The loaded model for a base name (precision chosen by settings)."""
+        loaded = self._loaded.get(name)
+        if loaded is not None:
+            return loaded
+        spec = choose_variant(self.manifest, name, self.settings)
+        with self._lock:
+            loaded = self._loaded.get(name)
+            if loaded is None:
+                loaded = self._load(spec)
+                self._loaded[name] = loaded
+        return loaded
+
+    def _load(self, spec: ModelSpec) -> LoadedModel:
+        path = verify_file(self.models_dir, spec)
+        optimized = None
+        if self.settings.optimized_cache is not None:
+            optimized = self.settings.optimized_cache / f"{spec.sha256[:16]}.opt.onnx"
+        session = create_session(path, self.settings, optimized_path=optimized)
+        log.info("loaded model %s (%s, %s)", spec.name, spec.precision, session.get_providers()[0])
+        return LoadedModel(spec=spec, session=session, path=path)
+
+    def loaded(self) -> dict[str, LoadedModel]:
+        """The models loaded so far, by base name."""
+        return dict(self._loaded)

@@ -1,0 +1,93 @@
+"""The one ONNX Runtime session factory.
+
+Every model in the project is opened here, so one place decides providers,
+threads, memory options and precision. Sessions are thread-safe for ``run``
+and are shared across threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from facefuse.config import Settings
+from facefuse.errors import ModelCorruptError
+
+log = logging.getLogger(__name__)
+
+_PROVIDER_NAMES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+}
+
+
+def resolve_providers(settings: Settings) -> list[str | tuple[str, dict[str, Any]]]:
+    """Map ``settings.providers`` to ORT provider entries that exist on this host.
+
+    Unavailable providers are dropped with a logged reason; the CPU provider is
+    always last so a session can always be built.
+    """
+    available = set(ort.get_available_providers())
+    chosen: list[str | tuple[str, dict[str, Any]]] = []
+    for short in settings.providers:
+        name = _PROVIDER_NAMES.get(short, short)
+        if name not in available:
+            log.warning(
+                "execution provider %s requested but not available in this onnxruntime "
+                "build (have: %s); falling back", name, ", ".join(sorted(available)),
+            )
+            continue
+        if name == "TensorrtExecutionProvider":
+            opts: dict[str, Any] = {"trt_fp16_enable": settings.precision in ("fp16", "auto")}
+            if settings.optimized_cache is not None:
+                opts["trt_engine_cache_enable"] = True
+                opts["trt_engine_cache_path"] = str(settings.optimized_cache / "trt")
+            chosen.append((name, opts))
+        elif name not in [c if isinstance(c, str) else c[0] for c in chosen]:
+            chosen.append(name)
+    if "CPUExecutionProvider" not in chosen:
+        chosen.append("CPUExecutionProvider")
+    return chosen
+
+
+def session_options(settings: Settings, optimized_path: Path | None = None) -> ort.SessionOptions:
+    """SessionOptions tuned for low memory: sequential execution, CPU arena on,
+    memory pattern off, full graph optimisation, ``settings.threads`` intra-op."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = settings.threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.enable_cpu_mem_arena = True
+    so.enable_mem_pattern = False
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    if optimized_path is not None:
+        optimized_path.parent.mkdir(parents=True, exist_ok=True)
+        so.optimized_model_filepath = str(optimized_path)
+    return so
+
+
+def create_session(
+    model: Path | bytes, settings: Settings, *, optimized_path: Path | None = None
+) -> ort.InferenceSession:
+    """Open an ONNX model (a path or the serialized bytes) as an InferenceSession.
+
+    Raises :class:`ModelCorruptError` when ONNX Runtime cannot parse the model.
+    """
+    source = model if isinstance(model, bytes) else str(model)
+    try:
+        return ort.InferenceSession(
+            source,
+            sess_options=session_options(settings, optimized_path),
+            providers=resolve_providers(settings),
+        )
+    except Exception as exc:  # ORT raises several private exception types
+        name = "model bytes" if isinstance(model, bytes) else str(model)
+        raise ModelCorruptError(
+            f"ONNX Runtime cannot load {name}: {exc}. Rebuild with `facefuse models build`."
+        ) from exc
