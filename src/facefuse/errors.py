@@ -153,3 +153,30 @@ class DeadlineExceededError(FacefuseError):
     code = "deadline_exceeded"
     http_status = 504
     exit_code = 7
+
+
+# --- HTTP access -----------------------------------------------------------------------
+
+
+class UnauthorizedError(FacefuseError):
+    """No API key, or one that is not valid (HTTP 401 with ``WWW-Authenticate``)."""
+
+    code = "unauthorized"
+    http_status = 401
+    exit_code = 2
+
+
+class ForbiddenError(FacefuseError):
+    """A valid API key that may not use this route (admin routes need an admin key)."""
+
+    code = "forbidden"
+    http_status = 403
+    exit_code = 2
+
+
+class BodyTooLargeError(FacefuseError):
+    """The request body is over the configured limit (checked before reading it all)."""
+
+    code = "body_too_large"
+    http_status = 413
+    exit_code = 2

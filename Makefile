@@ -1,0 +1,49 @@
+# facefuse — every target sets itself up from a fresh clone.
+#   make serve   install, build models, start the API   (until the API lands: make demo)
+#   make test    install, build models, run the whole suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export FACEFUSE_HOME ?= $(HOME)/.cache/facefuse
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: install models samples setup demo test lint bench clean system-deps
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q -e '.[build,dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+models: install
+	$(VENV)/bin/facefuse models build
+
+samples: install
+	$(VENV)/bin/facefuse samples
+
+setup: models samples
+
+demo: setup
+	bash scripts/demo.sh
+
+test: setup system-deps
+	$(VENV)/bin/pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) bench/analyse.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache

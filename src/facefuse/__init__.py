@@ -1,0 +1,57 @@
+"""facefuse: face analysis and face fusion on ONNX Runtime.
+
+Quick start::
+
+    import facefuse
+    faces = facefuse.analyse("photo.jpg")          # list[Face], largest first
+    print(faces[0].bbox, faces[0].embedding.shape)  # (4,), (128,)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from facefuse.config import Settings
+from facefuse.errors import FacefuseError
+from facefuse.faces.types import Detection, Face
+
+if TYPE_CHECKING:
+    from facefuse.faces.analyser import FaceAnalyser
+    from facefuse.imaging.decode import ImageInput
+
+__all__ = ["Detection", "Face", "FaceAnalyser", "FacefuseError", "Settings", "analyse"]
+__version__ = "0.1.0"
+
+_lock = threading.Lock()
+_default: dict[Settings, FaceAnalyser] = {}
+
+
+def default_analyser(settings: Settings | None = None) -> FaceAnalyser:
+    """A process-wide analyser per distinct ``Settings`` (models load once)."""
+    from facefuse.faces.analyser import FaceAnalyser
+
+    settings = settings or Settings.from_env()
+    with _lock:
+        analyser = _default.get(settings)
+        if analyser is None:
+            analyser = FaceAnalyser(settings)
+            _default[settings] = analyser
+    return analyser
+
+
+def analyse(image: ImageInput, settings: Settings | None = None) -> list[Face]:
+    """Analyse every face in ``image`` (RGB uint8 (H, W, 3) array, path, or bytes).
+
+    Returns faces largest first, each with bbox, keypoints, 478-point mesh,
+    five-point landmarks, chip transform and a unit-norm 128-D embedding.
+    """
+    return default_analyser(settings).analyse(image)
+
+
+def __getattr__(name: str) -> object:
+    if name == "FaceAnalyser":
+        from facefuse.faces.analyser import FaceAnalyser
+
+        return FaceAnalyser
+    raise AttributeError(name)

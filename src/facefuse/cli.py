@@ -1,0 +1,188 @@
+"""The ``facefuse`` command line.
+
+Every deliberate failure prints ``error[<code>]: <message>`` on stderr and exits
+with the error class's stable exit code (see :mod:`facefuse.errors`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from facefuse.config import Settings
+from facefuse.errors import FacefuseError
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {}
+    if getattr(args, "models_dir", None):
+        overrides["models_dir"] = Path(args.models_dir)
+    if getattr(args, "threads", None) is not None:
+        overrides["threads"] = args.threads
+    return Settings.from_env(**overrides)
+
+
+def cmd_models_build(args: argparse.Namespace) -> int:
+    from facefuse.models.build.zoo import build_zoo
+
+    settings = _settings(args)
+    manifest = build_zoo(settings, only=args.only or None, force=args.force)
+    print(f"{len(manifest.models)} models in {settings.model_dir}")
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from facefuse.models.manifest import Manifest
+    from facefuse.models.registry import choose_variant
+
+    settings = _settings(args)
+    manifest = Manifest.load(settings.model_dir)
+    rows = []
+    for name, spec in sorted(manifest.models.items()):
+        if spec.base is not None:
+            continue
+        active = choose_variant(manifest, name, settings)
+        variants = sorted(m.precision for m in manifest.models.values()
+                          if m.base == name or m.name == name)
+        rows.append({
+            "name": name, "task": spec.task, "active_precision": active.precision,
+            "active_file": active.file, "variants": variants, "size": active.size,
+            "sha256": active.sha256, "source": spec.source.package, "licence": spec.licence,
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{'name':16} {'task':8} {'active':7} {'variants':18} {'MB':>6}  source")
+        for r in rows:
+            print(f"{r['name']:16} {r['task']:8} {r['active_precision']:7} "
+                  f"{','.join(r['variants']):18} {r['size'] / 1e6:6.2f}  {r['source']}")
+    return 0
+
+
+def cmd_models_verify(args: argparse.Namespace) -> int:
+    from facefuse.models.manifest import Manifest, verify_file
+
+    settings = _settings(args)
+    manifest = Manifest.load(settings.model_dir)
+    bad = 0
+    for spec in manifest.models.values():
+        try:
+            verify_file(settings.model_dir, spec)
+            print(f"ok      {spec.name} ({spec.precision})")
+        except FacefuseError as exc:
+            bad += 1
+            print(f"FAILED  {spec.name}: {exc.message}")
+            last = exc
+    if bad:
+        raise last
+    return 0
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    from facefuse.samples import fetch_samples
+
+    settings = _settings(args)
+    paths = fetch_samples(settings.samples_dir, settings.downloads_dir)
+    for name, path in paths.items():
+        print(f"{name:10} {path}")
+    return 0
+
+
+def cmd_analyse(args: argparse.Namespace) -> int:
+    from facefuse.faces.analyser import FaceAnalyser, StageTimer
+
+    settings = _settings(args)
+    analyser = FaceAnalyser(settings)
+    rgb = analyser.decode(Path(args.image))
+    timer = StageTimer()
+    faces = analyser.analyse(rgb, attributes=args.attributes, timer=timer)
+    if args.annotate:
+        from facefuse.imaging.annotate import draw_faces
+        from facefuse.imaging.encode import encode_image
+
+        Path(args.annotate).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.annotate).write_bytes(encode_image(draw_faces(rgb, faces), "png"))
+    if args.json:
+        print(json.dumps({
+            "image": args.image, "width": rgb.shape[1], "height": rgb.shape[0],
+            "faces": [f.to_dict(landmarks=args.landmarks) for f in faces],
+            "timings_ms": {k: round(v, 2) for k, v in timer.ms.items()},
+        }, indent=2))
+    else:
+        print(f"{args.image}: {len(faces)} face(s), {rgb.shape[1]}x{rgb.shape[0]}")
+        for i, f in enumerate(faces):
+            x0, y0, x1, y1 = (int(round(v)) for v in f.bbox)
+            extra = ""
+            if f.age is not None:
+                extra = f"  age {f.age:.0f}, {f.gender} ({f.gender_score:.2f})"
+            print(f"  [{i}] box ({x0},{y0})-({x1},{y1}) score {f.score:.3f}{extra}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="facefuse", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--models-dir", help="model directory (default $FACEFUSE_HOME/models)")
+        sp.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+
+    models = sub.add_parser("models", help="build, list and verify the model zoo")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    b = msub.add_parser("build", help="fetch pinned sources and convert them to ONNX")
+    common(b)
+    b.add_argument("--only", nargs="*", help="build only these models")
+    b.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    b.set_defaults(func=cmd_models_build)
+    ls = msub.add_parser("list", help="models, precision variants and the active one")
+    common(ls)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_models_list)
+    v = msub.add_parser("verify", help="check every model file against its sha256")
+    common(v)
+    v.set_defaults(func=cmd_models_verify)
+
+    s = sub.add_parser("samples", help="fetch the pinned sample photos")
+    s.set_defaults(func=cmd_samples)
+
+    a = sub.add_parser("analyse", aliases=["analyze"], help="detect and describe faces")
+    common(a)
+    a.add_argument("image")
+    a.add_argument("--json", action="store_true", help="print JSON")
+    a.add_argument("--landmarks", action="store_true", help="include the 478-point mesh")
+    a.add_argument("--attributes", action="store_true", help="estimate age and gender")
+    a.add_argument("--annotate", metavar="PNG", help="write an annotated copy")
+    a.set_defaults(func=cmd_analyse)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        rc: int = args.func(args)
+        return rc
+    except FacefuseError as exc:
+        print(f"error[{exc.code}]: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug, not bad input: say so without a traceback wall
+        if args.verbose:
+            raise
+        print(f"error[internal]: {type(exc).__name__}: {exc} (rerun with -v for details)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Shared fixtures: settings, the built model zoo and the sample photos.
+
+The zoo and samples live under FACEFUSE_HOME (``make test`` sets it up; these
+fixtures build whatever is missing, idempotently, so plain ``pytest`` works too).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facefuse.config import Settings
+from facefuse.models.registry import ModelRegistry
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings.from_env(threads=1)
+
+
+@pytest.fixture(scope="session")
+def sample_paths(settings: Settings) -> dict[str, Path]:
+    """name -> path for obama, obama2, obama3, biden, astronaut."""
+    from facefuse.samples import fetch_samples
+
+    return fetch_samples(settings.samples_dir, settings.downloads_dir)
+
+
+@pytest.fixture(scope="session")
+def sample_images(sample_paths: dict[str, Path]) -> dict[str, np.ndarray]:
+    """name -> RGB uint8 (H, W, 3) decoded sample photo."""
+    from facefuse.imaging.decode import decode_image
+
+    return {name: decode_image(path) for name, path in sample_paths.items()}
+
+
+@pytest.fixture(scope="session")
+def model_dir(settings: Settings) -> Path:
+    from facefuse.models.build.zoo import build_zoo
+
+    build_zoo(settings)
+    return settings.model_dir
+
+
+@pytest.fixture(scope="session")
+def registry(settings: Settings, model_dir: Path) -> ModelRegistry:
+    return ModelRegistry(settings)
+
+
+@pytest.fixture(scope="session")
+def analyser(settings: Settings, registry: ModelRegistry):  # type: ignore[no-untyped-def]
+    from facefuse.faces.analyser import FaceAnalyser
+
+    return FaceAnalyser(settings, registry)
