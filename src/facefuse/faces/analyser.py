@@ -87,7 +87,7 @@ class FaceAnalyser:
         t = timer.add("decode", t)
         detections = self.detector.detect(rgb)
         t = timer.add("detect", t)
-        faces = [self._face_from_detection(rgb, d) for d in detections]
+        faces = [self.face_from_detection(rgb, d) for d in detections]
         t = timer.add("mesh", t)
         faces = [f for f in faces if f.landmarks is not None]
         if embed and faces:
@@ -99,7 +99,8 @@ class FaceAnalyser:
         faces.sort(key=lambda f: -f.area)
         return faces
 
-    def _face_from_detection(self, rgb: np.ndarray, det: Detection) -> Face:
+    def face_from_detection(self, rgb: np.ndarray, det: Detection) -> Face:
+        """Mesh, five points and chip transform for one detection (no embedding)."""
         landmarks, presence = self.mesh.landmarks(rgb, det)
         five = landmarks[list(MESH_FIVE_POINTS), :2].astype(np.float32)
         return Face(

@@ -1,0 +1,184 @@
+"""Mesh geometry for fusion: rigid alignment, fused shape, head pose, openness.
+
+All landmark arrays are (N, 3) float in image pixels (x right, y down, z depth
+in the same scale, as the face mesh returns them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from facefuse.faces import topology as T
+
+
+@dataclass(frozen=True)
+class Similarity3D:
+    """``x ↦ scale · R @ x + t`` for row vectors: ``apply(P) = scale * P @ R.T + t``."""
+
+    scale: float
+    R: np.ndarray  # (3, 3)
+    t: np.ndarray  # (3,)
+
+    def apply(self, points: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self.scale * points @ self.R.T + self.t
+        return out
+
+
+def fit_similarity_3d(src: np.ndarray, dst: np.ndarray) -> Similarity3D:
+    """Least-squares similarity (Umeyama 1991) taking ``src`` (N, 3) onto ``dst`` (N, 3)."""
+    src = np.asarray(src, np.float64)
+    dst = np.asarray(dst, np.float64)
+    mu_s, mu_d = src.mean(0), dst.mean(0)
+    a, b = src - mu_s, dst - mu_d
+    cov = b.T @ a / len(src)
+    U, S, Vt = np.linalg.svd(cov)
+    D = np.eye(3)
+    if np.linalg.det(U) * np.linalg.det(Vt) < 0:
+        D[2, 2] = -1.0
+    R = U @ D @ Vt
+    var_s = (a**2).sum() / len(src)
+    scale = float(np.trace(np.diag(S) @ D) / var_s) if var_s > 0 else 1.0
+    t = mu_d - scale * R @ mu_s
+    return Similarity3D(scale, R, t)
+
+
+def fit_similarity_2d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Least-squares 2-D similarity (2, 3) taking ``src`` (N, 2) onto ``dst`` (N, 2)."""
+    src = np.asarray(src, np.float64)[:, :2]
+    dst = np.asarray(dst, np.float64)[:, :2]
+    mu_s, mu_d = src.mean(0), dst.mean(0)
+    a, b = src - mu_s, dst - mu_d
+    cov = b.T @ a / len(src)
+    U, S, Vt = np.linalg.svd(cov)
+    D = np.eye(2)
+    if np.linalg.det(U) * np.linalg.det(Vt) < 0:
+        D[1, 1] = -1.0
+    R = U @ D @ Vt
+    var_s = (a**2).sum() / len(src)
+    scale = float(np.trace(np.diag(S) @ D) / var_s) if var_s > 0 else 1.0
+    M = np.zeros((2, 3))
+    M[:, :2] = scale * R
+    M[:, 2] = mu_d - scale * R @ mu_s
+    return M
+
+
+def euler_angles(R: np.ndarray) -> tuple[float, float, float]:
+    """(yaw, pitch, roll) in degrees of a rotation matrix in image axes
+    (x right, y down, z away from the camera)."""
+    sy = math.hypot(R[0, 0], R[1, 0])
+    if sy > 1e-6:
+        pitch = math.atan2(R[2, 1], R[2, 2])
+        yaw = math.atan2(-R[2, 0], sy)
+        roll = math.atan2(R[1, 0], R[0, 0])
+    else:  # gimbal lock: yaw ±90°
+        pitch = math.atan2(-R[1, 2], R[1, 1])
+        yaw = math.atan2(-R[2, 0], sy)
+        roll = 0.0
+    return math.degrees(yaw), math.degrees(pitch), math.degrees(roll)
+
+
+def relative_pose(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """(yaw, pitch, roll) in degrees of the rotation taking mesh ``a`` to mesh ``b``,
+    fitted on the expression-stable points."""
+    idx = list(T.STABLE_POINTS)
+    sim = fit_similarity_3d(a[idx], b[idx])
+    return euler_angles(sim.R)
+
+
+def head_pose(landmarks: np.ndarray) -> tuple[float, float, float]:
+    """Approximate absolute (yaw, pitch, roll) in degrees from the mesh alone.
+
+    Yaw from the depth difference of the two face edges, pitch from the depth
+    difference of forehead and chin, roll from the eye line; 0 is frontal.
+    """
+    lm = np.asarray(landmarks, np.float64)
+    left, right = lm[T.FACE_EDGE_IMAGE_LEFT], lm[T.FACE_EDGE_IMAGE_RIGHT]
+    top, bottom = lm[T.FOREHEAD], lm[T.CHIN]
+    yaw = math.degrees(math.atan2(right[2] - left[2], right[0] - left[0]))
+    pitch = math.degrees(math.atan2(bottom[2] - top[2], bottom[1] - top[1]))
+    eye_l, eye_r = lm[T.EYE_OUTER[0]], lm[T.EYE_OUTER[1]]
+    roll = math.degrees(math.atan2(eye_r[1] - eye_l[1], eye_r[0] - eye_l[0]))
+    return yaw, pitch, roll
+
+
+def _ratio(lm: np.ndarray, a: tuple[int, int], b: tuple[int, int]) -> float:
+    num = float(np.linalg.norm(lm[a[0], :2] - lm[a[1], :2]))
+    den = float(np.linalg.norm(lm[b[0], :2] - lm[b[1], :2]))
+    return num / den if den > 0 else 0.0
+
+
+def openness(landmarks: np.ndarray) -> dict[str, float]:
+    """Expression ratios (dimensionless): mouth = inner-lip gap / mouth width;
+    eyes = lid gap / eye width for each eye."""
+    lm = np.asarray(landmarks, np.float64)
+    return {
+        "mouth": _ratio(lm, T.INNER_LIP_MID, T.MOUTH_CORNERS),
+        "eye_image_left": _ratio(lm, T.EYE_LID_IMAGE_LEFT, (33, 133)),
+        "eye_image_right": _ratio(lm, T.EYE_LID_IMAGE_RIGHT, (263, 362)),
+    }
+
+
+def eye_distance(landmarks: np.ndarray) -> float:
+    """Distance between the outer eye corners, in pixels."""
+    a, b = T.EYE_OUTER
+    return float(np.linalg.norm(landmarks[a, :2] - landmarks[b, :2]))
+
+
+def _iris_groups(lm: np.ndarray) -> list[tuple[int, ...]]:
+    """Each eye's contour plus the iris that sits in it (iris order varies by model)."""
+    groups = [T.EYE_IMAGE_LEFT, T.EYE_IMAGE_RIGHT]
+    if len(lm) < 478:
+        return [tuple(g) for g in groups]
+    centre_a = lm[list(T.IRIS_A), :2].mean(0)
+    d_left = np.linalg.norm(centre_a - lm[list(T.EYE_IMAGE_LEFT), :2].mean(0))
+    d_right = np.linalg.norm(centre_a - lm[list(T.EYE_IMAGE_RIGHT), :2].mean(0))
+    iris_left, iris_right = (T.IRIS_A, T.IRIS_B) if d_left <= d_right else (T.IRIS_B, T.IRIS_A)
+    return [T.EYE_IMAGE_LEFT + iris_left, T.EYE_IMAGE_RIGHT + iris_right]
+
+
+#: Regions whose internal shape is expression (kept from the target) but whose
+#: place and size are identity (taken from the source).
+def expression_regions(landmarks: np.ndarray) -> list[tuple[int, ...]]:
+    return [*_iris_groups(landmarks), T.LIPS_OUTER + T.LIPS_INNER]
+
+
+def align_to(source: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The source mesh brought into the target's pose, position and scale
+    (3-D similarity fitted on the stable points), (N, 3)."""
+    n = min(len(source), len(target))
+    idx = list(T.STABLE_POINTS)
+    sim = fit_similarity_3d(source[idx], target[idx])
+    return sim.apply(np.asarray(source[:n], np.float64))
+
+
+def fused_shape(
+    source: np.ndarray, target: np.ndarray, weight: float, *, outline: float = 0.0
+) -> np.ndarray:
+    """The target mesh moved toward the source's shape by ``weight`` in [0, 1].
+
+    Head pose comes from the target (the source is aligned to it first).
+    Eyes+irises and lips move rigidly (similarity per region) so their
+    openness — the target's expression — is preserved exactly; every other
+    point moves linearly toward the aligned source point. Face-oval points move
+    only by ``outline`` × ``weight``, so the target's jaw line and hairline stay
+    where the blend mask expects them. Returns (N, 3).
+    """
+    tgt = np.asarray(target, np.float64)
+    if weight <= 0.0:
+        return tgt.copy()
+    src = align_to(source, tgt)
+    n = len(src)
+    per_point = np.full((n, 1), weight)
+    per_point[list(T.FACE_OVAL)] = weight * outline
+    out = tgt[:n] + per_point * (src - tgt[:n])
+    for region in expression_regions(tgt):
+        idx = [i for i in region if i < n]
+        full = fit_similarity_2d(tgt[idx, :2], src[idx, :2])
+        # Interpolate the region's similarity between identity and the full fit.
+        M = (1.0 - weight) * np.array([[1.0, 0, 0], [0, 1.0, 0]]) + weight * full
+        pts = tgt[idx, :2]
+        out[idx, :2] = pts @ M[:, :2].T + M[:, 2]
+    return out

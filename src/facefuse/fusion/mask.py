@@ -1,0 +1,97 @@
+"""Blend masks from the face mesh: feathered face oval minus the mouth interior.
+
+Masks are float32 in [0, 1] over a region ``(x0, y0, x1, y1)`` of the target
+image (pixels, x1/y1 exclusive). Feathering scales with face size; a face cut by
+the image border keeps full weight up to the border (the border is not a seam).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from facefuse.faces import topology as T
+from facefuse.fusion.geometry import eye_distance, openness
+
+Region = tuple[int, int, int, int]
+
+#: Feather width as a fraction of the outer-eye-corner distance.
+FEATHER_FRACTION = 0.18
+#: Mouth openness (inner-lip gap / width) above which the target's mouth interior is kept.
+MOUTH_OPEN_THRESHOLD = 0.08
+
+
+def face_region(landmarks: np.ndarray, shape: tuple[int, ...], margin: float) -> Region:
+    """Bounding region of the face oval grown by ``margin`` pixels, clipped to the image."""
+    pts = landmarks[list(T.FACE_OVAL), :2]
+    h, w = shape[:2]
+    x0 = int(max(0, np.floor(pts[:, 0].min() - margin)))
+    y0 = int(max(0, np.floor(pts[:, 1].min() - margin)))
+    x1 = int(min(w, np.ceil(pts[:, 0].max() + margin) + 1))
+    y1 = int(min(h, np.ceil(pts[:, 1].max() + margin) + 1))
+    return x0, y0, x1, y1
+
+
+def union_region(a: Region, b: Region) -> Region:
+    return min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3])
+
+
+def feather_px(landmarks: np.ndarray) -> float:
+    """Feather width in pixels for this face."""
+    return max(2.0, FEATHER_FRACTION * eye_distance(landmarks))
+
+
+def _draw(
+    landmarks: np.ndarray, idx: tuple[int, ...], region: Region, pad: int
+) -> np.ndarray:
+    """Filled anti-aliased polygon (uint8 0/255) on the region grown by ``pad`` pixels."""
+    x0, y0, x1, y1 = region
+    canvas = np.zeros((y1 - y0 + 2 * pad, x1 - x0 + 2 * pad), np.uint8)
+    offset = np.array([x0 - pad, y0 - pad], np.float64)
+    pts = np.round((landmarks[list(idx), :2] - offset) * 4).astype(np.int32)
+    cv2.fillPoly(canvas, [pts], 255, lineType=cv2.LINE_AA, shift=2)
+    return canvas
+
+
+def _soften(canvas: np.ndarray, erode_px: float, sigma: float, pad: int) -> np.ndarray:
+    m = canvas.astype(np.float32) / 255.0
+    r = int(round(erode_px))
+    if r > 0:
+        m = cv2.erode(m, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1,) * 2))
+    elif r < 0:
+        m = cv2.dilate(m, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (-2 * r + 1,) * 2))
+    m = cv2.GaussianBlur(m, (0, 0), sigmaX=sigma, sigmaY=sigma, borderType=cv2.BORDER_CONSTANT)
+    h, w = canvas.shape[0] - 2 * pad, canvas.shape[1] - 2 * pad
+    return np.clip(m[pad:pad + h, pad:pad + w], 0.0, 1.0).astype(np.float32)
+
+
+def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
+    """Soft face-oval mask (H, W) float32 over ``region``: 1 inside, 0 outside,
+    a ramp of about ``feather`` pixels just inside the oval.
+
+    Drawn on a canvas extended past the region, so a face cut by the image border
+    keeps full weight up to the border (the border is not a seam).
+    """
+    f = feather if feather is not None else feather_px(landmarks)
+    pad = int(np.ceil(2 * f)) + 2
+    canvas = _draw(landmarks, T.FACE_OVAL, region, pad)
+    return _soften(canvas, 0.5 * f, max(0.8, f / 2.5), pad)
+
+
+def mouth_interior_mask(
+    landmarks: np.ndarray, region: Region, feather: float | None = None
+) -> np.ndarray:
+    """Soft mask (H, W) float32 of the inner-lip polygon (teeth, tongue), slightly
+    grown; all zeros when the mouth is closed (openness ≤ :data:`MOUTH_OPEN_THRESHOLD`)."""
+    x0, y0, x1, y1 = region
+    if openness(landmarks)["mouth"] <= MOUTH_OPEN_THRESHOLD:
+        return np.zeros((y1 - y0, x1 - x0), np.float32)
+    f = feather if feather is not None else feather_px(landmarks)
+    pad = int(np.ceil(f)) + 2
+    canvas = _draw(landmarks, T.LIPS_INNER, region, pad)
+    return _soften(canvas, -0.1 * f, max(0.6, f / 6.0), pad)
+
+
+def boundary_band(mask: np.ndarray, low: float = 0.05, high: float = 0.95) -> np.ndarray:
+    """Boolean (H, W) band where the mask is neither off nor fully on: the seam."""
+    return (mask > low) & (mask < high)

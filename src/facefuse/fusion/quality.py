@@ -1,0 +1,67 @@
+"""Quality figures of a fused face, computed on the output image.
+
+* ``id_sim_source`` / ``id_sim_target``: cosine similarity of the output's
+  identity embedding to the source's and the target's;
+* ``yaw_diff`` / ``pitch_diff`` / ``roll_diff``: head-pose difference output vs
+  target in degrees (absolute), from the meshes' expression-stable points;
+* ``mouth_diff`` / ``eye_diff``: openness ratio differences output vs target;
+* ``seam_energy_output`` / ``seam_energy_target`` / ``seam_ratio``: mean
+  squared gradient magnitude in the mask's transition band, output vs target.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from facefuse.faces.types import Face
+from facefuse.fusion.geometry import openness, relative_pose
+from facefuse.fusion.mask import boundary_band
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return float(np.dot(a, b) / (na * nb)) if na > 0 and nb > 0 else 0.0
+
+
+def gradient_energy(rgb: np.ndarray, band: np.ndarray) -> float:
+    """Mean squared Sobel gradient magnitude of the grey image over ``band`` (bool)."""
+    grey = cv2.cvtColor(np.ascontiguousarray(rgb.astype(np.uint8)), cv2.COLOR_RGB2GRAY)
+    g = grey.astype(np.float32)
+    gx = cv2.Sobel(g, cv2.CV_32F, 1, 0, ksize=3)
+    gy = cv2.Sobel(g, cv2.CV_32F, 0, 1, ksize=3)
+    e = gx**2 + gy**2
+    return float(e[band].mean()) if band.any() else 0.0
+
+
+def seam_scores(
+    output: np.ndarray, target: np.ndarray, mask: np.ndarray, region: tuple[int, int, int, int]
+) -> dict[str, float]:
+    """Gradient energy along the mask boundary, output vs target (same region)."""
+    x0, y0, x1, y1 = region
+    band = boundary_band(mask)
+    out_e = gradient_energy(output[y0:y1, x0:x1], band)
+    tgt_e = gradient_energy(target[y0:y1, x0:x1], band)
+    return {
+        "seam_energy_output": out_e,
+        "seam_energy_target": tgt_e,
+        "seam_ratio": out_e / tgt_e if tgt_e > 0 else 1.0,
+    }
+
+
+def compare_faces(output_face: Face, source_face: Face, target_face: Face) -> dict[str, float]:
+    """Identity, pose and expression figures of ``output_face`` (analysed on the output)."""
+    q: dict[str, float] = {}
+    if output_face.embedding is not None:
+        if source_face.embedding is not None:
+            q["id_sim_source"] = cosine(output_face.embedding, source_face.embedding)
+        if target_face.embedding is not None:
+            q["id_sim_target"] = cosine(output_face.embedding, target_face.embedding)
+    if output_face.landmarks is not None and target_face.landmarks is not None:
+        yaw, pitch, roll = relative_pose(target_face.landmarks, output_face.landmarks)
+        q["yaw_diff"], q["pitch_diff"], q["roll_diff"] = abs(yaw), abs(pitch), abs(roll)
+        o, t = openness(output_face.landmarks), openness(target_face.landmarks)
+        q["mouth_diff"] = abs(o["mouth"] - t["mouth"])
+        q["eye_diff"] = max(abs(o["eye_image_left"] - t["eye_image_left"]),
+                            abs(o["eye_image_right"] - t["eye_image_right"]))
+    return q

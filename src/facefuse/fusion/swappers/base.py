@@ -1,0 +1,47 @@
+"""The swapper interface: how a face layer for one target face is produced.
+
+A swapper renders the new face over a region of the target; the engine then
+blends it in with the chosen blend mode and pastes back only that region.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from facefuse.faces.types import Face
+from facefuse.fusion.types import FuseOptions
+
+
+@dataclass
+class FaceLayer:
+    """A rendered face over ``region`` = (x0, y0, x1, y1) of the target image.
+
+    ``face`` (h, w, 3) float32 RGB 0..255; ``mask`` (h, w) float32 in [0, 1],
+    where the layer replaces the target; ``landmarks`` (N, 3) the mesh of the
+    rendered face in target-image pixels.
+    """
+
+    region: tuple[int, int, int, int]
+    face: np.ndarray
+    mask: np.ndarray
+    landmarks: np.ndarray
+
+
+class Swapper(Protocol):
+    """Renders the source identity onto one target face."""
+
+    name: str
+
+    def render(
+        self,
+        source_rgb: np.ndarray,
+        source_face: Face,
+        target_rgb: np.ndarray,
+        target_face: Face,
+        options: FuseOptions,
+    ) -> FaceLayer:
+        """Return the face layer; ``options`` carries degree/shape/texture weights."""
+        ...

@@ -1,0 +1,49 @@
+"""Tone and lighting transfer between two face layers at the same geometry.
+
+Both layers are float32 (H, W, 3) RGB over the same region, warped onto the same
+mesh, so their low frequencies describe the same surface. Multiplying the
+source layer by the ratio of the target's to the source's local mean colour
+(masked Gaussian, normalised convolution) gives it the target's skin tone and
+shading while keeping its own detail (the identity).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+
+def masked_blur(image: np.ndarray, weight: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian local mean of ``image`` (H, W, C) counting only pixels with
+    ``weight`` (H, W) > 0 (normalised convolution); (H, W, C) float32."""
+    w = weight.astype(np.float32)
+    num = cv2.GaussianBlur(image * w[..., None], (0, 0), sigma, borderType=cv2.BORDER_REFLECT)
+    den = cv2.GaussianBlur(w, (0, 0), sigma, borderType=cv2.BORDER_REFLECT)
+    out: np.ndarray = num / np.maximum(den, 1e-4)[..., None]
+    return out
+
+
+def transfer_lighting(
+    source: np.ndarray,
+    target: np.ndarray,
+    weight: np.ndarray,
+    sigma: float,
+    *,
+    max_gain: float = 3.0,
+) -> np.ndarray:
+    """``source`` × (local mean of ``target`` / local mean of ``source``).
+
+    Args:
+        source, target: (H, W, 3) float32 RGB in 0..255 at the same geometry.
+        weight: (H, W) float32 — where both layers are valid face skin.
+        sigma: Gaussian sigma in pixels; larger keeps more of the source's own
+            tone, smaller copies more of the target's local shading.
+        max_gain: clamp on the per-pixel, per-channel gain.
+    Returns:
+        (H, W, 3) float32 in 0..255.
+    """
+    mu_t = masked_blur(target, weight, sigma)
+    mu_s = masked_blur(source, weight, sigma)
+    gain = np.clip((mu_t + 1.0) / (mu_s + 1.0), 1.0 / max_gain, max_gain)
+    out: np.ndarray = np.clip(source * gain, 0.0, 255.0)
+    return out.astype(np.float32)

@@ -1,0 +1,100 @@
+"""Fusion options and results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from facefuse.errors import InvalidArgumentError
+from facefuse.faces.types import Face
+
+BlendMode = Literal["multiband", "poisson", "alpha"]
+TargetMode = Literal["one", "many", "reference"]
+
+
+@dataclass(frozen=True)
+class FuseOptions:
+    """How to fuse.
+
+    ``degree`` 0..100: 0 returns the target unchanged, 100 the full source
+    identity. ``shape`` and ``texture`` (0..100, default = degree) refine it:
+    how far the geometry and the skin texture move toward the source.
+    """
+
+    degree: float = 100.0
+    shape: float | None = None
+    texture: float | None = None
+    mode: TargetMode = "one"
+    target_face_index: int | None = None
+    blend: BlendMode = "multiband"
+    swapper: str = "classic"
+    evaluate: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("degree", "shape", "texture"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 100:
+                raise InvalidArgumentError(f"{name} must be a number in 0..100, not {v!r}",
+                                           code=f"invalid_{name}")
+        if self.mode not in ("one", "many", "reference"):
+            raise InvalidArgumentError(f"mode must be one|many|reference, not {self.mode!r}",
+                                       code="invalid_mode")
+        if self.blend not in ("multiband", "poisson", "alpha"):
+            raise InvalidArgumentError(f"blend must be multiband|poisson|alpha, not {self.blend!r}",
+                                       code="invalid_blend")
+        if self.target_face_index is not None and self.target_face_index < 0:
+            raise InvalidArgumentError("target_face_index must be >= 0",
+                                       code="invalid_target_face_index")
+
+    @property
+    def shape_weight(self) -> float:
+        return (self.degree if self.shape is None else self.shape) / 100.0
+
+    @property
+    def texture_weight(self) -> float:
+        return (self.degree if self.texture is None else self.texture) / 100.0
+
+
+@dataclass
+class FusedFace:
+    """One target face that was fused: where, with which mask, and its quality."""
+
+    target_index: int
+    target_face: Face
+    region: tuple[int, int, int, int]
+    mask: np.ndarray  # (h, w) float32 blend mask over region
+    quality: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FusionResult:
+    """The fused image (RGB uint8, the target's size) and how it was made."""
+
+    image: np.ndarray
+    source_face: Face
+    fused: list[FusedFace]
+    timings_ms: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def quality(self) -> dict[str, float]:
+        """Quality of the first fused face (see :func:`facefuse.fusion.quality.evaluate`)."""
+        return self.fused[0].quality if self.fused else {}
+
+    def report(self) -> dict[str, object]:
+        """A JSON-ready summary: faces, timings, quality, notes."""
+        return {
+            "source_face": self.source_face.to_dict(),
+            "fused_faces": [
+                {"target_index": f.target_index, "target_face": f.target_face.to_dict(),
+                 "region": list(f.region),
+                 "quality": {k: round(float(v), 4) for k, v in f.quality.items()}}
+                for f in self.fused
+            ],
+            "timings_ms": {k: round(v, 2) for k, v in self.timings_ms.items()},
+            "notes": self.notes,
+        }
