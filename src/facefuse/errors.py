@@ -180,3 +180,11 @@ class BodyTooLargeError(FacefuseError):
     code = "body_too_large"
     http_status = 413
     exit_code = 2
+
+
+class CacheUnavailableError(FacefuseError):
+    """An operation that needs the shared cache (e.g. an admin purge) cannot reach it."""
+
+    code = "cache_unavailable"
+    http_status = 503
+    exit_code = 7

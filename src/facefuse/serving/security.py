@@ -1,0 +1,322 @@
+"""API keys and the request body limit.
+
+API keys
+--------
+Two environment variables, each a list of entries separated by commas and/or
+whitespace (so a mounted secret file with one key per line works too)::
+
+    FACEFUSE_API_KEYS="mobile:3fX9...,web:Qm7p..."     # may call /v1/* routes
+    FACEFUSE_ADMIN_KEYS="ops:Zr8k..."                   # may also call admin routes
+
+An entry is ``[label:]token``. The optional ``label`` (``[A-Za-z0-9_.-]``, at most 64)
+names the key in logs; without one the log name is ``key-`` plus the first 8 hex of
+the token's SHA-256. Tokens are RFC 6750 ``b64token`` characters
+(``A-Z a-z 0-9 - . _ ~ + /`` then optional ``=`` padding) and at least
+:data:`MIN_TOKEN_LENGTH` long; make one with
+``python -c "import secrets; print(secrets.token_urlsafe(32))"``.
+
+Clients send ``Authorization: Bearer <token>``. Admin keys are valid on every route.
+
+* No key configured at all: authentication is off (the embedded default for
+  ``make serve`` on a laptop); every route, admin ones included, is open.
+* Any key configured: every protected route needs a valid key (401 ``unauthorized``
+  otherwise); admin routes need an admin key (403 ``forbidden`` for a valid
+  non-admin key, and for everyone when only FACEFUSE_API_KEYS is set).
+
+Tokens are compared in constant time against every configured key
+(:func:`hmac.compare_digest` over SHA-256 digests, so neither the position of the
+first wrong character nor the token length leaks). Tokens never appear in logs,
+errors or ``repr``.
+
+Body limit
+----------
+:class:`BodyLimitMiddleware` answers 413 ``body_too_large`` when the declared
+``Content-Length`` is over the limit — before reading any of the body — and, for
+chunked uploads without a length, as soon as the bytes received so far exceed it,
+without reading the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from facefuse.errors import (
+    BodyTooLargeError,
+    ForbiddenError,
+    InvalidArgumentError,
+    UnauthorizedError,
+)
+
+__all__ = [
+    "MIN_TOKEN_LENGTH",
+    "ApiKey",
+    "ApiKeys",
+    "BodyLimitMiddleware",
+    "bearer_token",
+]
+
+#: Shortest token accepted in FACEFUSE_API_KEYS / FACEFUSE_ADMIN_KEYS.
+MIN_TOKEN_LENGTH = 16
+
+_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+_BEARER = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +(\S+) *")
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One configured key: its log label, whether it is an admin key, and its digest."""
+
+    label: str
+    admin: bool
+    digest: bytes
+
+    def __repr__(self) -> str:
+        return f"ApiKey(label={self.label!r}, admin={self.admin})"
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def _parse_entries(value: str, *, admin: bool, var: str) -> list[ApiKey]:
+    keys: list[ApiKey] = []
+    for entry in re.split(r"[,\s]+", value.strip()):
+        if not entry:
+            continue
+        label, sep, token = entry.partition(":")
+        if not sep:
+            label, token = "", entry
+        elif not _LABEL.fullmatch(label):
+            raise InvalidArgumentError(f"{var}: bad key label {label[:64]!r} (use A-Za-z0-9_.-)")
+        if not _TOKEN.fullmatch(token):
+            name = f"key {label!r}" if label else "a key"
+            raise InvalidArgumentError(
+                f"{var}: {name} has characters a Bearer token cannot carry "
+                "(allowed: A-Z a-z 0-9 - . _ ~ + / and trailing =)"
+            )
+        if len(token) < MIN_TOKEN_LENGTH:
+            name = f"key {label!r}" if label else "a key"
+            raise InvalidArgumentError(
+                f"{var}: {name} is shorter than {MIN_TOKEN_LENGTH} characters"
+            )
+        digest = _digest(token)
+        keys.append(ApiKey(label or "key-" + digest.hex()[:8], admin, digest))
+    return keys
+
+
+def bearer_token(header: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header value.
+
+    Raises:
+        UnauthorizedError: no header, another scheme, or no token.
+    """
+    if header is None or not header.strip():
+        raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>'")
+    match = _BEARER.fullmatch(header.strip())
+    if match is None:
+        raise UnauthorizedError("malformed Authorization header: expected 'Bearer <key>'")
+    return match.group(1)
+
+
+class ApiKeys:
+    """The configured API keys; :meth:`check` authorises one request.
+
+    Build with :meth:`from_env` (reads FACEFUSE_API_KEYS and FACEFUSE_ADMIN_KEYS)
+    or :meth:`from_env_value`. See the module docstring for the format and rules.
+    """
+
+    def __init__(self, keys: list[ApiKey]) -> None:
+        by_digest: dict[bytes, ApiKey] = {}
+        for key in keys:
+            old = by_digest.get(key.digest)
+            # The same token in both lists is an admin key.
+            if old is None or (key.admin and not old.admin):
+                by_digest[key.digest] = key
+        self._keys = tuple(by_digest.values())
+
+    @classmethod
+    def from_env_value(cls, api_keys: str = "", admin_keys: str = "") -> ApiKeys:
+        """Parse the two variables' values.
+
+        Raises:
+            InvalidArgumentError: a malformed entry, naming the variable (never the token).
+        """
+        keys = _parse_entries(api_keys, admin=False, var="FACEFUSE_API_KEYS")
+        keys += _parse_entries(admin_keys, admin=True, var="FACEFUSE_ADMIN_KEYS")
+        return cls(keys)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ApiKeys:
+        """Read ``FACEFUSE_API_KEYS`` and ``FACEFUSE_ADMIN_KEYS`` from ``env``."""
+        return cls.from_env_value(
+            env.get("FACEFUSE_API_KEYS", ""), env.get("FACEFUSE_ADMIN_KEYS", "")
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """True when at least one key is configured (authentication on)."""
+        return bool(self._keys)
+
+    @property
+    def has_admin(self) -> bool:
+        return any(k.admin for k in self._keys)
+
+    def labels(self) -> list[str]:
+        """Log names of the configured keys (safe to log)."""
+        return [k.label for k in self._keys]
+
+    def __repr__(self) -> str:
+        return f"ApiKeys({len(self._keys)} keys, admin={self.has_admin})"
+
+    def match(self, token: str) -> ApiKey | None:
+        """The key whose token equals ``token``; compares against every key, in constant time."""
+        digest = _digest(token)
+        found: ApiKey | None = None
+        for key in self._keys:
+            if hmac.compare_digest(key.digest, digest):
+                found = key
+        return found
+
+    def check(self, authorization: str | None, *, admin: bool = False) -> str | None:
+        """Authorise a request from its ``Authorization`` header value.
+
+        Args:
+            authorization: the header value, or None when absent.
+            admin: the route is an admin route.
+
+        Returns:
+            The key's log label, or None when authentication is off.
+
+        Raises:
+            UnauthorizedError: (401) no, malformed or unknown key. Answer with
+                ``WWW-Authenticate: Bearer``.
+            ForbiddenError: (403) a valid key that is not an admin key, on an admin route.
+        """
+        if not self._keys:
+            return None
+        token = bearer_token(authorization)
+        key = self.match(token)
+        if key is None:
+            raise UnauthorizedError("invalid API key")
+        if admin and not key.admin:
+            raise ForbiddenError("this route needs an admin key")
+        return key.label
+
+
+# --- body limit (pure ASGI) --------------------------------------------------------------
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyLimitMiddleware:
+    """Reject request bodies over ``max_bytes`` with 413 ``body_too_large``, early.
+
+    * A ``Content-Length`` over the limit is answered at once; the app is not called
+      and no body byte is read (a client waiting on ``Expect: 100-continue`` never
+      gets the go-ahead).
+    * Otherwise the body is counted as the app pulls it; the chunk that crosses the
+      limit makes ``receive`` raise :class:`~facefuse.errors.BodyTooLargeError`, no
+      further chunk is read, and whatever the app then answers (its own error
+      handler's JSON, a framework's 400 for "could not parse the body", or nothing)
+      is replaced by the 413, as long as the response has not started.
+
+    Install it outermost (``app.add_middleware(BodyLimitMiddleware, max_bytes=...)``
+    in FastAPI, or wrap the app object).
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._reject(send, declared)
+            return
+
+        received = 0
+        exceeded = False
+        started = False
+        rejected = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, exceeded
+            if exceeded:
+                raise BodyTooLargeError(self._message(None))
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    exceeded = True
+                    raise BodyTooLargeError(self._message(None))
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started, rejected
+            if exceeded and not started:
+                # Replace whatever the app answers with our 413 (once).
+                if not rejected:
+                    rejected = True
+                    await self._reject(send, None)
+                return
+            if rejected:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except BodyTooLargeError:
+            if not exceeded:
+                raise
+        if exceeded and not started and not rejected:
+            rejected = True
+            await self._reject(send, None)
+
+    def _message(self, declared: int | None) -> str:
+        got = f"declared {declared} bytes" if declared is not None else "body too large"
+        return f"request body over the {self.max_bytes}-byte limit ({got})"
+
+    async def _reject(self, send: Send, declared: int | None) -> None:
+        body = json.dumps(BodyTooLargeError(self._message(declared)).to_dict()).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": BodyTooLargeError.http_status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The declared ``Content-Length``, or None when absent or not a number."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                n = int(value)
+            except ValueError:
+                return None
+            return n if n >= 0 else None
+    return None
