@@ -308,3 +308,30 @@ async def test_drain_timeout_fails_queued_items(executor: ThreadPoolExecutor) ->
         gate.set()
     await first
     assert 1.0 not in rec.values
+
+
+async def test_flush_when_idle_skips_the_delay_and_batches_what_queued_meanwhile(
+    executor: ThreadPoolExecutor,
+) -> None:
+    gate = threading.Event()
+    rec = Recorder(gate)
+    # A queue delay no test would wait out: only the idle flush can run these batches.
+    b = MicroBatcher(
+        "rec",
+        rec,
+        executor=executor,
+        max_batch_size=8,
+        max_queue_delay_ms=600_000,
+        flush_when_idle=True,
+    )
+    try:
+        first = asyncio.ensure_future(b.submit(item(0)))
+        await wait_until(rec.started.is_set, "lone item started without waiting for company")
+        rest = [asyncio.ensure_future(b.submit(item(v))) for v in range(1, 6)]
+        await wait_until(lambda: b.queue_depth == 5, "five queued behind the running batch")
+    finally:
+        gate.set()
+    results = await asyncio.wait_for(asyncio.gather(first, *rest), timeout=30)
+    assert [float(r[0].flat[0]) for r in results] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert rec.sizes == [1, 5]
+    await b.drain(10)

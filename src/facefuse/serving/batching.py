@@ -22,6 +22,11 @@ Bounded everything:
 * at most ``max_concurrent_batches`` batches run at the same time (default 1: while
   one batch runs, the next one fills up — that is where batching pays).
 
+``flush_when_idle=True`` (opt-in) starts a batch at once when no batch is running,
+without waiting for the queue delay; items that arrive while a batch runs form the
+next one. Lone requests then pay no delay, and under load batches still fill up
+(with ``max_concurrent_batches=1``). The default keeps the Triton semantics above.
+
 ``enabled=False`` runs every item alone (batch of one, no queue delay) with the same
 queue bound, deadlines and thread pool: batching switched off for a route is one
 more batcher over the same model built with ``enabled=False``.
@@ -98,6 +103,7 @@ class MicroBatcher:
         executor: the thread pool that runs ``run_batch``.
         enabled: ``False`` runs every item alone, without queue delay.
         max_concurrent_batches: batches allowed to run at the same time.
+        flush_when_idle: start a batch without queue delay when none is running.
         metrics: optional :class:`BatchObserver`.
     """
 
@@ -112,6 +118,7 @@ class MicroBatcher:
         max_queue_size: int = 64,
         enabled: bool = True,
         max_concurrent_batches: int = 1,
+        flush_when_idle: bool = False,
         metrics: BatchObserver | None = None,
     ) -> None:
         if max_batch_size < 1:
@@ -130,6 +137,8 @@ class MicroBatcher:
         self.max_queue_size = max_queue_size
         self.enabled = enabled
         self.max_concurrent_batches = max_concurrent_batches
+        self.flush_when_idle = flush_when_idle
+        self._active = 0  # batches handed to the executor and not yet finished
         self._metrics = metrics
         self._queue: deque[_Item] = deque()
         self._wakeup: asyncio.Event | None = None
@@ -261,6 +270,7 @@ class MicroBatcher:
             if batch is None:
                 self._slots.release()
                 return
+            self._active += 1
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -279,6 +289,8 @@ class MicroBatcher:
                 await self._wakeup.wait()
                 continue
             if self._closing or self._compatible_count(max_size) >= max_size:
+                break
+            if self.flush_when_idle and self._active == 0:
                 break
             remaining = self._queue[0].enqueued + delay - time.monotonic()
             if remaining <= 0:
@@ -356,7 +368,10 @@ class MicroBatcher:
                 if not item.future.done():
                     item.future.set_result(row)
         finally:
+            self._active -= 1
             self._slots.release()
+            if self._queue and self._wakeup is not None:
+                self._wakeup.set()  # a waiting collect may flush now that we are idle
 
     def _execute(self, xs: list[np.ndarray]) -> list[list[np.ndarray]]:
         """Worker thread: stack, run, split. Returns ``rows[i][output]``."""
