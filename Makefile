@@ -16,7 +16,7 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PIP) install -q -e '.[build,dev]'
+	$(PIP) install -q -e '.[build,serve,dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
