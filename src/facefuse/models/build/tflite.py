@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -62,13 +62,20 @@ OUTPUT_NAMES: Mapping[str, tuple[str, ...]] = {
 INPUT_NAME = "input"
 
 
-def convert_tflite(src: Path, dst: Path, *, dynamic_batch: bool = True) -> None:
-    """Convert the TFLite model ``src`` to ONNX at ``dst`` (written atomically).
+def convert_tflite(
+    src: Path,
+    dst: Path,
+    *,
+    dynamic_batch: bool = True,
+    output_names: Sequence[str] | None = None,
+) -> None:
+    """Convert the TFLite model ``src`` to ONNX at ``dst`` (written atomically, mode 0644).
 
     ``dynamic_batch`` makes dimension 0 of inputs and outputs the symbolic
-    ``N``. Outputs get the stable names of :data:`OUTPUT_NAMES` when the file
-    stem is known, the input is renamed ``input``. Raises :class:`BuildError`
-    when tflite2onnx cannot convert the model or the result fails ONNX checks.
+    ``N``. Outputs are renamed to ``output_names``, by default the stable names
+    of :data:`OUTPUT_NAMES` for the file stem (other files keep theirs); the
+    input is renamed ``input``. Raises :class:`BuildError` when tflite2onnx
+    cannot convert the model or the result fails ONNX checks.
     """
     import tflite2onnx  # build-time dependency only
 
@@ -89,9 +96,8 @@ def convert_tflite(src: Path, dst: Path, *, dynamic_batch: bool = True) -> None:
         finally:
             t2o_log.setLevel(old_level)
         model = onnx.load(str(raw))
-    model = postprocess_graph(
-        model, output_names=OUTPUT_NAMES.get(src.stem), dynamic_batch=dynamic_batch
-    )
+    names = tuple(output_names) if output_names is not None else OUTPUT_NAMES.get(src.stem)
+    model = postprocess_graph(model, output_names=names, dynamic_batch=dynamic_batch)
     model.doc_string = f"converted from {src.name} by tflite2onnx; batch-dynamic={dynamic_batch}"
     try:
         onnx.checker.check_model(model)
@@ -101,6 +107,7 @@ def convert_tflite(src: Path, dst: Path, *, dynamic_batch: bool = True) -> None:
     os.close(fd)
     try:
         onnx.save(model, tmp_path)
+        os.chmod(tmp_path, 0o644)
         os.replace(tmp_path, dst)
     finally:
         if os.path.exists(tmp_path):
@@ -124,7 +131,6 @@ def postprocess_graph(
         _free_resize_batch(graph)
     # Intermediate shapes from the converter all say batch 1; ORT re-infers them.
     del graph.value_info[:]
-    _drop_unused_initializers(graph)
     _flatten_spatial_outputs(graph)
     if len(graph.input) != 1:
         raise BuildError(f"expected one graph input, found {len(graph.input)}")
@@ -146,6 +152,7 @@ def postprocess_graph(
             dim0 = vi.type.tensor_type.shape.dim[0]
             dim0.Clear()
             dim0.dim_param = BATCH_DIM
+    _drop_unused_initializers(graph)
     return model
 
 
@@ -197,8 +204,13 @@ def _free_resize_batch(graph: onnx.GraphProto) -> None:
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Drop initializers no node reads and sort the rest by name.
+
+    tflite2onnx emits initializers in set order (varies with the hash seed);
+    sorting makes the output bytes, and so the manifest sha256, reproducible.
+    """
     used = {name for node in graph.node for name in node.input}
-    keep = [t for t in graph.initializer if t.name in used]
+    keep = sorted((t for t in graph.initializer if t.name in used), key=lambda t: t.name)
     del graph.initializer[:]
     graph.initializer.extend(keep)
 

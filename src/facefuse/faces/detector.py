@@ -1,0 +1,498 @@
+"""BlazeFace face detection (MediaPipe full-range / short-range) on ONNX Runtime.
+
+Pipeline, as in MediaPipe's ``face_detection`` graphs:
+
+1. :meth:`FaceDetector.preprocess` letterboxes the image (no distortion) into
+   the square model input, RGB scaled to [-1, 1]. Images whose long side
+   exceeds ``tile_above`` are *also* cut into overlapping tiles, each
+   letterboxed the same way, so that small faces in large photos are seen at
+   a useful resolution. The image is shrunk once by the largest integer
+   factor all passes allow (exact area averaging), and every pass is cut from
+   that copy, so a 4000-pixel photo costs one fast resize, not one per tile.
+2. The model returns per-anchor box/keypoint regressions and score logits.
+3. :meth:`FaceDetector.postprocess` decodes them against the SSD anchors,
+   applies sigmoid (logits clipped to ±80) and the score threshold, maps
+   everything to image pixels, drops tile detections cut by an inner tile
+   edge and merges all passes with MediaPipe's *weighted* non-maximum
+   suppression.
+
+The model run is separate from pre/post-processing so a micro-batcher can
+stack tensors of many images into one ``[N, 3, S, S]`` run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import cv2
+import numpy as np
+
+from facefuse.errors import InvalidArgumentError
+from facefuse.faces.types import Detection
+from facefuse.models.registry import LoadedModel
+
+Variant = Literal["full", "short"]
+
+#: Raw score logits are clipped to ±this before the sigmoid (MediaPipe uses 100,
+#: which overflows float32 in exp; 80 is safe).
+RAW_SCORE_LIMIT = 80.0
+NUM_KEYPOINTS = 6
+
+
+@dataclass(frozen=True)
+class AnchorOptions:
+    """The subset of MediaPipe's ``SsdAnchorsCalculatorOptions`` BlazeFace uses
+    (``fixed_anchor_size: true``, so anchors only have centres)."""
+
+    input_size: int
+    strides: tuple[int, ...]
+    anchor_offset: float = 0.5
+    interpolated_scale_aspect_ratio: float = 1.0
+
+
+#: face_detection_full_range_common.pbtxt: 1 layer, stride 4 → 48×48×1 = 2304 anchors.
+FULL_RANGE = AnchorOptions(192, (4,), interpolated_scale_aspect_ratio=0.0)
+#: face_detection_short_range_common.pbtxt: strides 8/16 → 16×16×2 + 8×8×6 = 896 anchors.
+SHORT_RANGE = AnchorOptions(128, (8, 16, 16, 16), interpolated_scale_aspect_ratio=1.0)
+ANCHOR_OPTIONS: dict[str, AnchorOptions] = {"full": FULL_RANGE, "short": SHORT_RANGE}
+
+#: Smallest face the model finds reliably, as a fraction of the input side
+#: (measured on the sample portraits: ~14 px of 192 full-range, ~20 px of 128 short-range).
+MIN_FACE_FRACTION: dict[str, float] = {"full": 0.075, "short": 0.16}
+#: Tiles overlap by at most / at least this fraction of their side.
+MAX_TILE_OVERLAP = 0.4
+MIN_TILE_OVERLAP = 0.15
+#: Safety factor on the face-size coverage between tile levels.
+TILE_SAFETY = 1.2
+#: Tile detections closer than this (fraction of tile side) to an inner tile edge are dropped.
+TILE_EDGE_MARGIN = 0.01
+
+
+def ssd_anchors(opts: AnchorOptions) -> np.ndarray:
+    """Anchor centres like MediaPipe's ``SsdAnchorsCalculator`` (fixed size).
+
+    Returns (A, 2) float32 ``(x, y)`` in [0, 1] of the model input, in the order
+    the model emits its regressions. Layers with equal strides share one
+    feature map; each contributes 2 anchors when
+    ``interpolated_scale_aspect_ratio == 1`` (aspect 1 + interpolated scale),
+    else 1.
+    """
+    anchors: list[np.ndarray] = []
+    layer = 0
+    n = len(opts.strides)
+    while layer < n:
+        last = layer
+        repeats = 0
+        while last < n and opts.strides[last] == opts.strides[layer]:
+            repeats += 2 if opts.interpolated_scale_aspect_ratio == 1.0 else 1
+            last += 1
+        fm = opts.input_size // opts.strides[layer]
+        centres = (np.arange(fm, dtype=np.float64) + opts.anchor_offset) / fm
+        ys, xs = np.meshgrid(centres, centres, indexing="ij")
+        grid = np.stack([xs.ravel(), ys.ravel()], axis=1)
+        anchors.append(np.repeat(grid, repeats, axis=0))
+        layer = last
+    return np.concatenate(anchors).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """Where a model-input tensor came from.
+
+    The crop ``(x0, y0, width, height)`` of the image (pixels) was resized by
+    ``(sx, sy)`` (tensor pixels per image pixel; equal up to rounding) and
+    pasted at ``(pad_x, pad_y)`` into the ``size``×``size`` tensor.
+    ``inner_edges`` flags (left, top, right, bottom) crop edges that lie inside
+    the image (tile borders), where faces may be cut.
+    """
+
+    x0: float
+    y0: float
+    width: float
+    height: float
+    sx: float
+    sy: float
+    pad_x: int
+    pad_y: int
+    size: int
+    image_width: int
+    image_height: int
+    inner_edges: tuple[bool, bool, bool, bool] = (False, False, False, False)
+
+    def to_image(self, points: np.ndarray) -> np.ndarray:
+        """Tensor pixel coordinates (..., 2) → image pixels (..., 2) float64."""
+        out = np.array(points, dtype=np.float64, copy=True)
+        out[..., 0] = (out[..., 0] - self.pad_x) / self.sx + self.x0
+        out[..., 1] = (out[..., 1] - self.pad_y) / self.sy + self.y0
+        return out
+
+    @property
+    def is_tile(self) -> bool:
+        return any(self.inner_edges)
+
+    def upscaled(
+        self, factor: int, image_width: int, image_height: int,
+        inner_edges: tuple[bool, bool, bool, bool],
+    ) -> Letterbox:
+        """The same tensor described in an image ``factor``× larger (a pyramid level)."""
+        return Letterbox(
+            x0=self.x0 * factor, y0=self.y0 * factor, width=self.width * factor,
+            height=self.height * factor, sx=self.sx / factor, sy=self.sy / factor,
+            pad_x=self.pad_x, pad_y=self.pad_y, size=self.size, image_width=image_width,
+            image_height=image_height, inner_edges=inner_edges,
+        )
+
+
+def letterbox(
+    image: np.ndarray,
+    size: int,
+    crop: tuple[int, int, int, int] | None = None,
+) -> tuple[np.ndarray, Letterbox]:
+    """Fit ``image[crop]`` into a ``size``×``size`` black canvas, keeping aspect ratio.
+
+    Args:
+        image: RGB uint8 (H, W, 3).
+        size: output side in pixels.
+        crop: ``(x0, y0, width, height)`` in pixels; the whole image when None.
+
+    Returns:
+        (size, size, 3) uint8 canvas, centred, and the :class:`Letterbox` transform.
+        Downscaling uses area averaging (no aliasing), upscaling bilinear.
+    """
+    h_img, w_img = image.shape[:2]
+    x0, y0, w, h = crop if crop is not None else (0, 0, w_img, h_img)
+    region = image[y0 : y0 + h, x0 : x0 + w]
+    scale = size / max(w, h)
+    nw = max(1, min(size, round(w * scale)))
+    nh = max(1, min(size, round(h * scale)))
+    interp = cv2.INTER_AREA if scale < 1.0 else cv2.INTER_LINEAR
+    resized = cv2.resize(region, (nw, nh), interpolation=interp)
+    pad_x, pad_y = (size - nw) // 2, (size - nh) // 2
+    canvas = np.zeros((size, size, 3), np.uint8)
+    canvas[pad_y : pad_y + nh, pad_x : pad_x + nw] = resized
+    inner = (x0 > 0, y0 > 0, x0 + w < w_img, y0 + h < h_img)
+    box = Letterbox(
+        x0=x0, y0=y0, width=w, height=h, sx=nw / w, sy=nh / h, pad_x=pad_x, pad_y=pad_y,
+        size=size, image_width=w_img, image_height=h_img, inner_edges=inner,
+    )
+    return canvas, box
+
+
+def to_tensor(canvas: np.ndarray) -> np.ndarray:
+    """RGB uint8 (S, S, 3) → float32 (3, S, S) in [-1, 1]."""
+    return np.ascontiguousarray(canvas.transpose(2, 0, 1), dtype=np.float32) / 127.5 - 1.0
+
+
+def tile_grid(
+    width: int, height: int, tile_above: int, min_face_fraction: float = 0.075
+) -> list[tuple[int, int, int, int]]:
+    """Overlapping square tiles ``(x0, y0, w, h)`` for an image larger than ``tile_above``.
+
+    The whole image (level 0, not returned) finds faces down to
+    ``min_face_fraction`` of its long side ``L``. Tile levels ``k = 1..n`` have
+    sides ``L / r**k`` with the last one equal to ``tile_above``, so every image
+    is searched down to ``min_face_fraction * tile_above`` pixels. Tiles of a
+    level overlap by ``o`` of their side, so any face up to ``o * side`` lies
+    whole in some tile, and ``o`` is chosen to cover the smallest face the level
+    above finds (``o ≥ min_face_fraction * r``, with a safety margin); faces
+    cut by a tile border are left to coarser levels. Empty when ``L <=
+    tile_above``.
+    """
+    long_side = max(width, height)
+    if long_side <= tile_above:
+        return []
+    r_max = MAX_TILE_OVERLAP / (TILE_SAFETY * min_face_fraction)
+    ratio = long_side / tile_above
+    levels = max(1, math.ceil(math.log(ratio) / math.log(r_max) - 1e-9))
+    r = ratio ** (1.0 / levels)
+    overlap = min(MAX_TILE_OVERLAP, max(MIN_TILE_OVERLAP, TILE_SAFETY * min_face_fraction * r))
+    tiles: list[tuple[int, int, int, int]] = []
+    for k in range(1, levels + 1):
+        t = max(1, math.ceil(long_side / r**k))
+        stride = max(1, int(t * (1 - overlap)))
+        xs = _starts(width, t, stride)
+        ys = _starts(height, t, stride)
+        tiles.extend((x, y, min(t, width - x), min(t, height - y)) for y in ys for x in xs)
+    return tiles
+
+
+def _starts(extent: int, tile: int, stride: int) -> list[int]:
+    """Tile origins covering [0, extent), evenly spread, the last one flush with the end."""
+    if extent <= tile:
+        return [0]
+    n = math.ceil((extent - tile) / stride) + 1
+    return [round(i * (extent - tile) / (n - 1)) for i in range(n)]
+
+
+def sigmoid_scores(raw: np.ndarray) -> np.ndarray:
+    """Logits → probabilities, logits clipped to ±:data:`RAW_SCORE_LIMIT` first."""
+    clipped = np.clip(raw.astype(np.float64), -RAW_SCORE_LIMIT, RAW_SCORE_LIMIT)
+    return 1.0 / (1.0 + np.exp(-clipped))
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Thresholded, decoded detections of one or more tensors, before NMS.
+
+    ``boxes`` (K, 4) float64 ``x0, y0, x1, y1`` image pixels; ``keypoints``
+    (K, 6, 2) float64 image pixels; ``scores`` (K,) float64 in [0, 1].
+    """
+
+    boxes: np.ndarray
+    keypoints: np.ndarray
+    scores: np.ndarray
+
+    @staticmethod
+    def empty() -> Candidates:
+        return Candidates(np.zeros((0, 4)), np.zeros((0, NUM_KEYPOINTS, 2)), np.zeros((0,)))
+
+    @staticmethod
+    def concat(items: Sequence[Candidates]) -> Candidates:
+        if not items:
+            return Candidates.empty()
+        return Candidates(
+            np.concatenate([c.boxes for c in items]),
+            np.concatenate([c.keypoints for c in items]),
+            np.concatenate([c.scores for c in items]),
+        )
+
+
+def decode(
+    regressors: np.ndarray,
+    scores: np.ndarray,
+    anchors: np.ndarray,
+    transform: Letterbox,
+    score_threshold: float,
+) -> Candidates:
+    """Decode one tensor's raw outputs into image-pixel candidates.
+
+    Args:
+        regressors: (A, 16) float32 raw model output: box centre offset (x, y),
+            box (w, h) and 6 keypoint offsets, in model-input pixels.
+        scores: (A,) or (A, 1) float32 logits.
+        anchors: (A, 2) anchor centres in [0, 1].
+        transform: the :class:`Letterbox` that produced the tensor.
+        score_threshold: keep anchors with probability ≥ this.
+    """
+    probs = sigmoid_scores(np.reshape(scores, -1))
+    keep = np.flatnonzero(probs >= score_threshold)
+    if keep.size == 0:
+        return Candidates.empty()
+    size = float(transform.size)
+    raw = regressors.reshape(-1, 16)[keep].astype(np.float64).reshape(-1, 8, 2)
+    anchor_px = anchors[keep].astype(np.float64)[:, None, :] * size
+    centre = raw[:, 0] + anchor_px[:, 0]
+    half = raw[:, 1] / 2.0
+    kps = raw[:, 2:] + anchor_px
+    corners = np.stack([centre - half, centre + half], axis=1)  # (K, 2, 2)
+    valid = np.all(corners[:, 1] > corners[:, 0], axis=1)
+    corners, kps, p = corners[valid], kps[valid], probs[keep][valid]
+    corners = transform.to_image(corners)
+    kps = transform.to_image(kps)
+    boxes = corners.reshape(-1, 4)
+    if transform.is_tile:
+        ok = _away_from_inner_edges(boxes, transform)
+        boxes, kps, p = boxes[ok], kps[ok], p[ok]
+    return Candidates(boxes, kps, p)
+
+
+def _away_from_inner_edges(boxes: np.ndarray, t: Letterbox) -> np.ndarray:
+    """(K,) bool: box does not reach an inner edge of its tile."""
+    margin = TILE_EDGE_MARGIN * max(t.width, t.height)
+    left, top, right, bottom = t.inner_edges
+    ok = np.ones(len(boxes), bool)
+    if left:
+        ok &= boxes[:, 0] > t.x0 + margin
+    if top:
+        ok &= boxes[:, 1] > t.y0 + margin
+    if right:
+        ok &= boxes[:, 2] < t.x0 + t.width - margin
+    if bottom:
+        ok &= boxes[:, 3] < t.y0 + t.height - margin
+    return ok
+
+
+def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of one box (4,) against boxes (K, 4), all ``x0, y0, x1, y1``."""
+    ix0 = np.maximum(box[0], boxes[:, 0])
+    iy0 = np.maximum(box[1], boxes[:, 1])
+    ix1 = np.minimum(box[2], boxes[:, 2])
+    iy1 = np.minimum(box[3], boxes[:, 3])
+    inter = np.clip(ix1 - ix0, 0, None) * np.clip(iy1 - iy0, 0, None)
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    union = area + areas - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+
+
+def weighted_nms(c: Candidates, iou_threshold: float) -> Candidates:
+    """MediaPipe's weighted non-maximum suppression.
+
+    Repeatedly take the best-scoring remaining candidate, gather every remaining
+    candidate whose IoU with it exceeds ``iou_threshold`` (itself included),
+    and emit their score-weighted mean box and keypoints with the best score.
+    """
+    order = np.argsort(-c.scores, kind="stable")
+    boxes, kps, scores = c.boxes[order], c.keypoints[order], c.scores[order]
+    out_b: list[np.ndarray] = []
+    out_k: list[np.ndarray] = []
+    out_s: list[float] = []
+    remaining = np.arange(len(scores))
+    while remaining.size:
+        top = remaining[0]
+        overlap = iou(boxes[top], boxes[remaining]) > iou_threshold
+        overlap[0] = True
+        group = remaining[overlap]
+        w = scores[group]
+        total = w.sum()
+        out_b.append((boxes[group] * w[:, None]).sum(0) / total)
+        out_k.append((kps[group] * w[:, None, None]).sum(0) / total)
+        out_s.append(float(scores[top]))
+        remaining = remaining[~overlap]
+    if not out_s:
+        return Candidates.empty()
+    return Candidates(np.stack(out_b), np.stack(out_k), np.asarray(out_s))
+
+
+class FaceDetector:
+    """BlazeFace detector over a loaded ONNX model.
+
+    Args:
+        model: the ``blazeface_full`` or ``blazeface_short`` model; input
+            ``[N, 3, S, S]`` float32 in [-1, 1], outputs ``regressors``
+            ``[N, A, 16]`` and ``scores`` ``[N, A, 1]``.
+        score_threshold: minimum face probability in (0, 1).
+        nms_iou: IoU above which detections are merged.
+        tile_above: images whose long side exceeds this (pixels) are also
+            scanned in overlapping tiles.
+        variant: ``"full"`` (192×192, any distance) or ``"short"`` (128×128, selfies).
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        score_threshold: float = 0.5,
+        nms_iou: float = 0.3,
+        tile_above: int = 1280,
+        variant: Variant = "full",
+    ) -> None:
+        if variant not in ANCHOR_OPTIONS:
+            raise InvalidArgumentError(f"detector variant must be full|short, not {variant!r}")
+        if not 0.0 < score_threshold < 1.0:
+            raise InvalidArgumentError("score_threshold must be in (0, 1)")
+        if not 0.0 < nms_iou < 1.0:
+            raise InvalidArgumentError("nms_iou must be in (0, 1)")
+        if tile_above < 64:
+            raise InvalidArgumentError("tile_above must be at least 64 pixels")
+        self.model = model
+        self.variant: Variant = variant
+        self.options = ANCHOR_OPTIONS[variant]
+        self.size = self.options.input_size
+        model_size = tuple(model.spec.preprocessing.size)
+        if model_size != (self.size, self.size):
+            raise InvalidArgumentError(
+                f"model {model.spec.name!r} takes {model_size}, but the {variant!r} detector "
+                f"needs {self.size}x{self.size}"
+            )
+        self.anchors = ssd_anchors(self.options)
+        self.score_threshold = float(score_threshold)
+        self.nms_iou = float(nms_iou)
+        self.tile_above = int(tile_above)
+
+    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
+        """Model inputs for one image: the whole image, then tiles if it is large.
+
+        Args:
+            image: RGB uint8 (H, W, 3).
+
+        Returns:
+            list of ``(tensor (3, S, S) float32 in [-1, 1], Letterbox)``.
+        """
+        _check_image(image)
+        h, w = image.shape[:2]
+        crops = [(0, 0, w, h)]
+        crops.extend(tile_grid(w, h, self.tile_above, MIN_FACE_FRACTION[self.variant]))
+        # Shrink once by the largest integer factor every pass can afford (OpenCV's
+        # fast exact area path), then cut and fit the passes from that copy. The
+        # < k pixels at the right/bottom that do not fill a k×k block are dropped.
+        k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // self.size), w, h)
+        if k >= 2:
+            wk, hk = w // k, h // k
+            small = cv2.resize(image[: hk * k, : wk * k], (wk, hk), interpolation=cv2.INTER_AREA)
+        else:
+            k, small = 1, image
+        out: list[tuple[np.ndarray, Letterbox]] = []
+        for x0, y0, cw, ch in crops:
+            sx0, sy0 = x0 // k, y0 // k
+            sx1 = min(small.shape[1], -(-(x0 + cw) // k))
+            sy1 = min(small.shape[0], -(-(y0 + ch) // k))
+            canvas, box = letterbox(small, self.size, (sx0, sy0, sx1 - sx0, sy1 - sy0))
+            inner = (x0 > 0, y0 > 0, x0 + cw < w, y0 + ch < h)
+            out.append((to_tensor(canvas), box.upscaled(k, w, h, inner)))
+        return out
+
+    def run(self, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Model run: (N, 3, S, S) float32 → regressors (N, A, 16), score logits (N, A, 1)."""
+        regressors, scores = self.model.run(np.ascontiguousarray(tensors, dtype=np.float32))[:2]
+        return regressors, scores
+
+    def postprocess(
+        self,
+        regressors: np.ndarray,
+        scores: np.ndarray,
+        transform: Letterbox | Sequence[Letterbox],
+    ) -> list[Detection]:
+        """Raw outputs of all tensors of ONE image → its detections, best first.
+
+        Args:
+            regressors: (A, 16) or (N, A, 16) float32.
+            scores: (A, 1) or (N, A, 1) float32 logits.
+            transform: the Letterbox of each tensor (one, or a sequence of N).
+        """
+        transforms = [transform] if isinstance(transform, Letterbox) else list(transform)
+        regs = np.reshape(regressors, (len(transforms), -1, 16))
+        scs = np.reshape(scores, (len(transforms), -1))
+        found = Candidates.concat([
+            decode(r, s, self.anchors, t, self.score_threshold)
+            for r, s, t in zip(regs, scs, transforms, strict=True)
+        ])
+        merged = weighted_nms(found, self.nms_iou)
+        if not transforms:
+            return []
+        return _to_detections(merged, transforms[0].image_width, transforms[0].image_height)
+
+    def detect(self, image: np.ndarray) -> list[Detection]:
+        """All faces in an RGB uint8 (H, W, 3) image, best score first."""
+        items = self.preprocess(image)
+        tensors = np.stack([t for t, _ in items])
+        regressors, scores = self.run(tensors)
+        return self.postprocess(regressors, scores, [b for _, b in items])
+
+
+def _to_detections(c: Candidates, width: int, height: int) -> list[Detection]:
+    """Clip boxes to the image, drop boxes left empty, wrap as :class:`Detection`."""
+    out: list[Detection] = []
+    for box, kps, score in zip(c.boxes, c.keypoints, c.scores, strict=True):
+        clipped = np.array(
+            [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
+             min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)],
+            dtype=np.float32,
+        )
+        if clipped[2] - clipped[0] < 1.0 or clipped[3] - clipped[1] < 1.0:
+            continue
+        out.append(Detection(bbox=clipped, score=float(score), keypoints=kps.astype(np.float32)))
+    return out
+
+
+def _check_image(image: np.ndarray) -> None:
+    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3:
+        shape = getattr(image, "shape", None)
+        raise InvalidArgumentError(f"expected an RGB image of shape (H, W, 3), got {shape}")
+    if image.dtype != np.uint8:
+        raise InvalidArgumentError(f"expected a uint8 image, got {image.dtype}")
+    if image.shape[0] < 1 or image.shape[1] < 1:
+        raise InvalidArgumentError("image is empty")

@@ -1,0 +1,100 @@
+"""convert_tflite: stable names, a free batch dimension, reproducible bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from mediapipe_ref import TFLiteModel, tflite_file
+from onnx import numpy_helper
+
+from facefuse.config import Settings
+from facefuse.errors import BuildError
+from facefuse.models.build.tflite import convert_tflite
+from facefuse.models.manifest import sha256_file
+
+CASES = {
+    "blazeface_full": ("input", [("regressors", 2304 * 16), ("scores", 2304)], 192),
+    "blazeface_short": ("input", [("regressors", 896 * 16), ("scores", 896)], 128),
+    "facemesh": ("input", [("landmarks", 1404), ("presence", 1)], 192),
+    "iris": ("input", [("contours", 213), ("iris", 15)], 64),
+}
+
+
+@pytest.fixture(scope="module")
+def src_dir(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Path:
+    d = tmp_path_factory.mktemp("tflite_src")
+    for name in CASES:
+        tflite_file(settings, name, d)
+    return d
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_converted_graph_has_stable_names_and_free_batch(
+    name: str, src_dir: Path, settings: Settings, tmp_path: Path,
+    sample_images: dict[str, np.ndarray],
+) -> None:
+    src = tflite_file(settings, name, src_dir)
+    dst = tmp_path / f"{name}.onnx"
+    convert_tflite(src, dst)
+    model = onnx.load(str(dst))
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [11]
+    inp_name, outputs, size = CASES[name]
+    (inp,) = model.graph.input
+    assert inp.name == inp_name
+    assert [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim] == [
+        "N", 3, size, size]
+    assert [o.name for o in model.graph.output] == [n for n, _ in outputs]
+    for o in model.graph.output:
+        assert o.type.tensor_type.shape.dim[0].dim_param == "N"
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Reshape":
+            assert inits[node.input[1]][0] != 1  # batch copied (0), not pinned
+        if node.op_type == "Resize":
+            assert len(node.input) == 3  # scales, not fixed sizes
+    # Batch of 8 real crops == 8 single runs, and both == the TFLite interpreter.
+    crops = []
+    for img in sample_images.values():
+        h, w = img.shape[:2]
+        crops.append(cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA))
+        centre = img[h // 4 : h // 2, w // 4 : w // 2]
+        crops.append(cv2.resize(centre, (size, size), interpolation=cv2.INTER_AREA))
+    crops = crops[:8]
+    batch = np.stack(crops).transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+    sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    full = sess.run(None, {"input": batch})
+    for (oname, n), out in zip(outputs, full, strict=True):
+        assert out.reshape(8, -1).shape == (8, n), oname
+    for i in range(8):
+        single = sess.run(None, {"input": batch[i : i + 1]})
+        for a, b in zip(single, full, strict=True):
+            np.testing.assert_allclose(a[0], b[i], rtol=1e-5, atol=1e-5)
+    ref = TFLiteModel(src).run(batch)
+    for a, r in zip(full, ref, strict=True):
+        np.testing.assert_allclose(a.reshape(8, -1), r, rtol=1e-5, atol=1e-3)
+
+
+def test_conversion_is_reproducible(src_dir: Path, settings: Settings, tmp_path: Path) -> None:
+    src = tflite_file(settings, "facemesh", src_dir)
+    convert_tflite(src, tmp_path / "a.onnx")
+    convert_tflite(src, tmp_path / "b.onnx")
+    assert sha256_file(tmp_path / "a.onnx") == sha256_file(tmp_path / "b.onnx")
+
+
+def test_bad_inputs_raise_build_error(src_dir: Path, settings: Settings, tmp_path: Path) -> None:
+    with pytest.raises(BuildError):
+        convert_tflite(tmp_path / "missing.tflite", tmp_path / "x.onnx")
+    src = tflite_file(settings, "iris", src_dir)
+    with pytest.raises(BuildError):
+        convert_tflite(src, tmp_path / "x.onnx", output_names=["only_one"])
+    not_tflite = tmp_path / "junk.tflite"
+    not_tflite.write_bytes(b"not a flatbuffer" * 10)
+    with pytest.raises(BuildError):
+        convert_tflite(not_tflite, tmp_path / "y.onnx")
+    assert not (tmp_path / "x.onnx").exists()
+    assert not (tmp_path / "y.onnx").exists()
