@@ -87,6 +87,11 @@ DLIB_MODELS = PinnedDist(
             "face_recognition_models/models/dlib_face_recognition_resnet_model_v1.dat",
             "55533b28a95800a551ba546ba62fe69625c7e95a7061c338adffead08719da30",
         ),
+        # CC0; used only by tests and benchmarks as dlib's own reference path.
+        (
+            "face_recognition_models/models/shape_predictor_5_face_landmarks.dat",
+            "c4b1e9804792707d3a405c2c16a80a20269e6675021f64a41d30fffafbc41888",
+        ),
     ),
 )
 
