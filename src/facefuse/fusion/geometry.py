@@ -127,22 +127,44 @@ def eye_distance(landmarks: np.ndarray) -> float:
     return float(np.linalg.norm(landmarks[a, :2] - landmarks[b, :2]))
 
 
-def _iris_groups(lm: np.ndarray) -> list[tuple[int, ...]]:
-    """Each eye's contour plus the iris that sits in it (iris order varies by model)."""
-    groups = [T.EYE_IMAGE_LEFT, T.EYE_IMAGE_RIGHT]
+def _iris_groups(lm: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(image-left eye + its iris, image-right eye + its iris); the iris order
+    is checked against the eye centres rather than assumed."""
     if len(lm) < 478:
-        return [tuple(g) for g in groups]
+        return T.EYE_IMAGE_LEFT, T.EYE_IMAGE_RIGHT
     centre_a = lm[list(T.IRIS_A), :2].mean(0)
     d_left = np.linalg.norm(centre_a - lm[list(T.EYE_IMAGE_LEFT), :2].mean(0))
     d_right = np.linalg.norm(centre_a - lm[list(T.EYE_IMAGE_RIGHT), :2].mean(0))
     iris_left, iris_right = (T.IRIS_A, T.IRIS_B) if d_left <= d_right else (T.IRIS_B, T.IRIS_A)
-    return [T.EYE_IMAGE_LEFT + iris_left, T.EYE_IMAGE_RIGHT + iris_right]
+    return T.EYE_IMAGE_LEFT + iris_left, T.EYE_IMAGE_RIGHT + iris_right
 
 
-#: Regions whose internal shape is expression (kept from the target) but whose
-#: place and size are identity (taken from the source).
-def expression_regions(landmarks: np.ndarray) -> list[tuple[int, ...]]:
-    return [*_iris_groups(landmarks), T.LIPS_OUTER + T.LIPS_INNER]
+def expression_regions(landmarks: np.ndarray) -> list[tuple[tuple[int, ...], tuple[int, int]]]:
+    """Regions whose internal shape is expression (kept from the target) while
+    their place and size are identity (taken from the source), each with the
+    two expression-stable anchor points (corners) that define that place."""
+    left, right = _iris_groups(landmarks)
+    return [
+        (left, (33, 133)),
+        (right, (263, 362)),
+        (T.LIPS_OUTER + points_inside(landmarks, T.LIPS_OUTER), T.MOUTH_CORNERS),
+    ]
+
+
+def points_inside(landmarks: np.ndarray, contour: tuple[int, ...]) -> tuple[int, ...]:
+    """Mesh indices (of the 468 face points) strictly inside the polygon ``contour``:
+    the lips have middle rings between the outer and inner contours, and they
+    must move with the region or the mesh folds."""
+    import cv2
+
+    poly = landmarks[list(contour), :2].astype(np.float32).reshape(-1, 1, 2)
+    skip = set(contour)
+    n = min(len(landmarks), 468)
+    return tuple(
+        i for i in range(n)
+        if i not in skip
+        and cv2.pointPolygonTest(poly, (float(landmarks[i, 0]), float(landmarks[i, 1])), False) > 0
+    )
 
 
 def align_to(source: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -174,9 +196,9 @@ def fused_shape(
     per_point = np.full((n, 1), weight)
     per_point[list(T.FACE_OVAL)] = weight * outline
     out = tgt[:n] + per_point * (src - tgt[:n])
-    for region in expression_regions(tgt):
+    for region, anchors in expression_regions(tgt):
         idx = [i for i in region if i < n]
-        full = fit_similarity_2d(tgt[idx, :2], src[idx, :2])
+        full = fit_similarity_2d(tgt[list(anchors), :2], src[list(anchors), :2])
         # Interpolate the region's similarity between identity and the full fit.
         M = (1.0 - weight) * np.array([[1.0, 0, 0], [0, 1.0, 0]]) + weight * full
         pts = tgt[idx, :2]

@@ -81,14 +81,24 @@ def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = Non
 def mouth_interior_mask(
     landmarks: np.ndarray, region: Region, feather: float | None = None
 ) -> np.ndarray:
-    """Soft mask (H, W) float32 of the inner-lip polygon (teeth, tongue), slightly
-    grown; all zeros when the mouth is closed (openness ≤ :data:`MOUTH_OPEN_THRESHOLD`)."""
+    """Soft mask (H, W) float32 of the open mouth — the outer-lip polygon, so the
+    target's lips, teeth and tongue stay together and the expression reads as the
+    target's; all zeros when the mouth is closed (openness ≤ :data:`MOUTH_OPEN_THRESHOLD`)."""
     x0, y0, x1, y1 = region
     if openness(landmarks)["mouth"] <= MOUTH_OPEN_THRESHOLD:
         return np.zeros((y1 - y0, x1 - x0), np.float32)
     f = feather if feather is not None else feather_px(landmarks)
-    pad = int(np.ceil(f)) + 2
-    canvas = _draw(landmarks, T.LIPS_INNER, region, pad)
+    pad = int(np.ceil(2 * f)) + 2
+    canvas = _draw(landmarks, T.LIPS_OUTER, region, pad)
+    return _soften(canvas, -0.1 * f, max(0.6, f / 4.0), pad)
+
+
+def eyes_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
+    """Soft mask (H, W) float32 of both eye openings (inside the lid contours)."""
+    f = feather if feather is not None else feather_px(landmarks)
+    pad = int(np.ceil(2 * f)) + 2
+    canvas = np.maximum(_draw(landmarks, T.EYE_IMAGE_LEFT, region, pad),
+                        _draw(landmarks, T.EYE_IMAGE_RIGHT, region, pad))
     return _soften(canvas, -0.1 * f, max(0.6, f / 6.0), pad)
 
 

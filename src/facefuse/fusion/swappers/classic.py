@@ -26,6 +26,10 @@ from facefuse.imaging.warp import delaunay, piecewise_affine_map, remap_region
 #: Lighting-transfer blur as a fraction of the outer-eye-corner distance.
 LIGHTING_SIGMA_FRACTION = 0.12
 MESH_POINTS = 468
+#: Share of the target's own eye openings (lids, sclera, iris) kept in the layer:
+#: the lids are expression, and the source's lid texture squeezed into the target's
+#: lid shape reads as a different openness.
+EYE_KEEP = 0.6
 
 
 def _triangles(points: np.ndarray, region: tuple[int, int, int, int]) -> np.ndarray:
@@ -58,13 +62,20 @@ class ClassicSwapper:
         mesh_dst = dst[:MESH_POINTS, :2]
         tris = _triangles(mesh_dst, region)
         mx_t, my_t, valid = piecewise_affine_map(tgt_lm[:MESH_POINTS, :2], mesh_dst, tris, region)
+        x0, y0, x1, y1 = region
+        bg = target_rgb[y0:y1, x0:x1].astype(np.float32)
+        outside = ~valid
+        # Outside the mesh the maps are undefined: use the target's own pixels there,
+        # so coarse pyramid levels of the blend never see invented content.
         target_layer = remap_region(target_rgb, mx_t, my_t).astype(np.float32)
+        target_layer[outside] = bg[outside]
         mask = masks.oval_mask(dst, region, feather) * valid.astype(np.float32)
         w_tex = options.texture_weight
         if w_tex <= 0.0:
             return FaceLayer(region, target_layer, mask, dst)
         mx_s, my_s, _ = piecewise_affine_map(src_lm[:MESH_POINTS, :2], mesh_dst, tris, region)
         source_layer = remap_region(source_rgb, mx_s, my_s).astype(np.float32)
+        source_layer[outside] = target_layer[outside]
         skin = (mask > 0.5).astype(np.float32)
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
         source_layer = transfer_lighting(source_layer, target_layer, skin, sigma)
@@ -72,6 +83,7 @@ class ClassicSwapper:
         alpha = np.full(mask.shape, w_tex, np.float32)
         mouth = masks.mouth_interior_mask(dst, region, feather)
         alpha *= 1.0 - mouth
+        alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, region, feather)
         face = target_layer + alpha[..., None] * (source_layer - target_layer)
         return FaceLayer(region, face, mask, dst)
 
