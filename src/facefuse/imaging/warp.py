@@ -22,6 +22,8 @@ difference of the two gradients times that distance.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from typing import Any, Final
 
 import cv2
@@ -200,25 +202,50 @@ def piecewise_affine_map(
         hull). Where ``valid_mask`` is False the maps hold :data:`INVALID`
         unless ``extrapolate``.
     """
+    (maps,), valid = piecewise_affine_maps([src_pts], dst_pts, triangles, region,
+                                           extrapolate=extrapolate)
+    return maps[0], maps[1], valid
+
+
+def piecewise_affine_maps(
+    src_sets: Sequence[npt.ArrayLike],
+    dst_pts: npt.ArrayLike,
+    triangles: npt.ArrayLike,
+    region: Region,
+    *,
+    extrapolate: bool = False,
+) -> tuple[list[tuple[F32, F32]], npt.NDArray[np.bool_]]:
+    """:func:`piecewise_affine_map` for several source point sets sharing one
+    destination mesh: the triangles are rasterised once.
+
+    Returns ``([(map_x, map_y) per source set], valid_mask)``.
+    """
     x0, y0, x1, y1 = _as_region(region)
-    coeffs, ok = triangle_affines(src_pts, dst_pts, triangles)
+    tables = []
+    ok: npt.NDArray[np.bool_] | None = None
+    for src_pts in src_sets:
+        coeffs, ok = triangle_affines(src_pts, dst_pts, triangles)
+        # Shift the constant term to region-local pixel coordinates to keep precision.
+        table = np.empty((len(coeffs) + 1, 2, 3), dtype=np.float64)
+        table[0] = ((0.0, 0.0, INVALID), (0.0, 0.0, INVALID))
+        table[1:, :, :2] = coeffs[:, :, :2]
+        table[1:, :, 2] = coeffs[:, :, 2] + coeffs[:, :, 0] * x0 + coeffs[:, :, 1] * y0
+        tables.append(table)
     labels = rasterize_triangles(dst_pts, triangles, (x0, y0, x1, y1), ok)
     valid = labels > 0
     if extrapolate:
         labels = _fill_nearest(labels)
-    # Shift the constant term to region-local pixel coordinates to keep precision.
-    table = np.empty((len(coeffs) + 1, 2, 3), dtype=np.float64)
-    table[0] = ((0.0, 0.0, INVALID), (0.0, 0.0, INVALID))
-    table[1:, :, :2] = coeffs[:, :, :2]
-    table[1:, :, 2] = coeffs[:, :, 2] + coeffs[:, :, 0] * x0 + coeffs[:, :, 1] * y0
     xs = np.arange(x1 - x0, dtype=np.float64)[None, :]
     ys = np.arange(y1 - y0, dtype=np.float64)[:, None]
-    out: list[F32] = []
-    for axis in (0, 1):
-        c = table[:, axis, :]
-        m = c[labels, 0] * xs + c[labels, 1] * ys + c[labels, 2]
-        out.append(m.astype(np.float32))
-    return out[0], out[1], valid
+    maps: list[tuple[F32, F32]] = []
+    for table in tables:
+        per_axis = []
+        for axis in (0, 1):
+            c = table[:, axis, :][labels]  # (h, w, 3)
+            m = c[..., 0] * xs + c[..., 1] * ys + c[..., 2]
+            per_axis.append(m.astype(np.float32))
+        maps.append((per_axis[0], per_axis[1]))
+    return maps, valid
 
 
 def remap_region(

@@ -21,7 +21,7 @@ from facefuse.fusion.swappers.base import FaceLayer
 from facefuse.fusion.texture import transfer_lighting
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.color import match_sharpness
-from facefuse.imaging.warp import delaunay, piecewise_affine_map, remap_region
+from facefuse.imaging.warp import delaunay, piecewise_affine_maps, remap_region
 
 #: Lighting-transfer blur as a fraction of the outer-eye-corner distance.
 LIGHTING_SIGMA_FRACTION = 0.12
@@ -61,7 +61,8 @@ class ClassicSwapper:
         )
         mesh_dst = dst[:MESH_POINTS, :2]
         tris = _triangles(mesh_dst, region)
-        mx_t, my_t, valid = piecewise_affine_map(tgt_lm[:MESH_POINTS, :2], mesh_dst, tris, region)
+        ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
+            [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]], mesh_dst, tris, region)
         x0, y0, x1, y1 = region
         bg = target_rgb[y0:y1, x0:x1].astype(np.float32)
         outside = ~valid
@@ -73,7 +74,6 @@ class ClassicSwapper:
         w_tex = options.texture_weight
         if w_tex <= 0.0:
             return FaceLayer(region, target_layer, mask, dst)
-        mx_s, my_s, _ = piecewise_affine_map(src_lm[:MESH_POINTS, :2], mesh_dst, tris, region)
         source_layer = remap_region(source_rgb, mx_s, my_s).astype(np.float32)
         source_layer[outside] = target_layer[outside]
         skin = (mask > 0.5).astype(np.float32)
