@@ -22,13 +22,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import machine, machine_line, median_ms, write_json, write_section  # noqa: E402
-
-from facefuse.config import Settings  # noqa: E402
-from facefuse.faces.analyser import FaceAnalyser  # noqa: E402
-from facefuse.imaging.decode import decode_image  # noqa: E402
-from facefuse.samples import SAMPLES, fetch_samples, identity_of  # noqa: E402
-from facefuse.sources import DLIB_MODELS, materialise  # noqa: E402
+from facefuse.config import Settings
+from facefuse.faces.analyser import FaceAnalyser
+from facefuse.imaging.decode import decode_image
+from facefuse.samples import SAMPLES, fetch_samples, identity_of
+from facefuse.sources import DLIB_MODELS, materialise
+from report import machine, machine_line, median_ms, write_json, write_section
 
 
 def ours(images: dict[str, np.ndarray], threads: int, repeat: int) -> dict[str, Any]:

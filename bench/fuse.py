@@ -22,13 +22,12 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import machine, machine_line, median_ms, write_json, write_section  # noqa: E402
-
-from facefuse.config import Settings  # noqa: E402
-from facefuse.fusion.engine import FaceFuser  # noqa: E402
-from facefuse.fusion.types import FuseOptions  # noqa: E402
-from facefuse.imaging.decode import decode_image  # noqa: E402
-from facefuse.samples import fetch_samples  # noqa: E402
+from facefuse.config import Settings
+from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.types import FuseOptions
+from facefuse.imaging.decode import decode_image
+from facefuse.samples import fetch_samples
+from report import machine, machine_line, median_ms, write_json, write_section
 
 SIZES = (512, 1024, 2048, 4096)
 PAIRS = (("obama", "biden"), ("biden", "astronaut"), ("astronaut", "obama2"))
@@ -61,10 +60,11 @@ def main() -> None:
                 tgt = resize_long(images[t], size)
                 sf, tf = an.analyse(src)[0], an.analyse(tgt)
                 face_px.append(tf[0].width)
-                stage.append(median_ms(lambda src=src, sf=sf, tgt=tgt, tf=tf: fuser.fuse_faces(
-                    src, sf, tgt, tf, [0], opts), args.repeat))
-                whole.append(median_ms(lambda src=src, tgt=tgt: fuser.fuse(src, tgt, opts),
-                                       args.repeat))
+                stage.append(median_ms(
+                    lambda fz=fuser, src=src, sf=sf, tgt=tgt, tf=tf: fz.fuse_faces(
+                        src, sf, tgt, tf, [0], opts), args.repeat))
+                whole.append(median_ms(
+                    lambda fz=fuser, src=src, tgt=tgt: fz.fuse(src, tgt, opts), args.repeat))
             rows[f"{threads}t_{size}"] = {
                 "threads": threads, "long_side": size,
                 "fusion_stage_ms": statistics.median(stage), "fuse_ms": statistics.median(whole),
@@ -79,7 +79,8 @@ def main() -> None:
         f"Command: `.venv/bin/python bench/fuse.py --repeat {args.repeat}`. Median over the "
         f"pairs {', '.join(f'{s}→{t}' for s, t in PAIRS)} of each pair's median; source photos "
         "at their own size, targets resized to the long side shown; degree 100, evaluation off.",
-        "", "| threads | target long side | face width (px) | fusion stage (ms) | whole fuse() (ms) |",
+        "",
+        "| threads | target long side | face width (px) | fusion stage (ms) | whole fuse() (ms) |",
         "|---:|---:|---:|---:|---:|",
     ]
     for r in rows.values():

@@ -101,9 +101,12 @@ def test_pose_and_expression_stay_the_targets(runs: list[PairRun]) -> None:
     mouth = [q["mouth_diff"] for q in qs]
     eyes = [q["eye_diff"] for q in qs]
     # The issue asks ≤ 3° and ≤ 0.05; medians meet it, the worst pairs do not yet.
-    assert float(np.median(pose)) <= 3.0 and max(pose) <= 8.0, pose
-    assert float(np.median(mouth)) <= 0.07 and max(mouth) <= 0.2, mouth
-    assert float(np.median(eyes)) <= 0.06 and max(eyes) <= 0.15, eyes
+    assert float(np.median(pose)) <= 3.0, pose
+    assert max(pose) <= 8.0, pose
+    assert float(np.median(mouth)) <= 0.07, mouth
+    assert max(mouth) <= 0.2, mouth
+    assert float(np.median(eyes)) <= 0.06, eyes
+    assert max(eyes) <= 0.15, eyes
 
 
 def test_seams_are_no_stronger_than_the_targets_own(runs: list[PairRun]) -> None:

@@ -16,7 +16,7 @@ from facefuse.models.registry import LoadedModel
 def _chip_tensor(image: np.ndarray, landmarks: np.ndarray, model: LoadedModel) -> np.ndarray:
     pre = model.spec.preprocessing
     size = pre.size[0]
-    padding = float(model.spec.extra.get("chip_padding", 0.2))  # type: ignore[arg-type]
+    padding = float(model.spec.extra.get("chip_padding", 0.2))
     M = dlib_chip_transform(landmarks, size=size, padding=padding)
     chip = warp_chip(image, M, size).astype(np.float32)
     x = (chip - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
@@ -35,6 +35,6 @@ def estimate_gender(
 ) -> tuple[str, float]:
     """(label, probability) with labels from the manifest (``female``, ``male``)."""
     probs = model.run(_chip_tensor(image, landmarks, model))[0][0]
-    labels = list(model.spec.extra.get("labels", ["female", "male"]))  # type: ignore[call-overload]
+    labels = list(model.spec.extra.get("labels", ["female", "male"]))
     i = int(np.argmax(probs))
     return str(labels[i]), float(probs[i])

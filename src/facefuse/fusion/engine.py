@@ -153,7 +153,9 @@ class FaceFuser:
         """
         options = options or FuseOptions(**kwargs)
         timer = StageTimer()
-        sources = list(source) if isinstance(source, list | tuple) else [source]
+        sources: list[ImageInput] = (
+            list(source) if isinstance(source, list | tuple) else [source]  # type: ignore[list-item]
+        )
         if not sources:
             raise InvalidArgumentError("no source image given", code="source_missing")
         t = time.perf_counter()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from facefuse.faces import topology as T
+from facefuse.faces import topology as topo
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def euler_angles(R: np.ndarray) -> tuple[float, float, float]:
 def relative_pose(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
     """(yaw, pitch, roll) in degrees of the rotation taking mesh ``a`` to mesh ``b``,
     fitted on the expression-stable points."""
-    idx = list(T.STABLE_POINTS)
+    idx = list(topo.STABLE_POINTS)
     sim = fit_similarity_3d(a[idx], b[idx])
     return euler_angles(sim.R)
 
@@ -95,11 +95,11 @@ def head_pose(landmarks: np.ndarray) -> tuple[float, float, float]:
     difference of forehead and chin, roll from the eye line; 0 is frontal.
     """
     lm = np.asarray(landmarks, np.float64)
-    left, right = lm[T.FACE_EDGE_IMAGE_LEFT], lm[T.FACE_EDGE_IMAGE_RIGHT]
-    top, bottom = lm[T.FOREHEAD], lm[T.CHIN]
+    left, right = lm[topo.FACE_EDGE_IMAGE_LEFT], lm[topo.FACE_EDGE_IMAGE_RIGHT]
+    top, bottom = lm[topo.FOREHEAD], lm[topo.CHIN]
     yaw = math.degrees(math.atan2(right[2] - left[2], right[0] - left[0]))
     pitch = math.degrees(math.atan2(bottom[2] - top[2], bottom[1] - top[1]))
-    eye_l, eye_r = lm[T.EYE_OUTER[0]], lm[T.EYE_OUTER[1]]
+    eye_l, eye_r = lm[topo.EYE_OUTER[0]], lm[topo.EYE_OUTER[1]]
     roll = math.degrees(math.atan2(eye_r[1] - eye_l[1], eye_r[0] - eye_l[0]))
     return yaw, pitch, roll
 
@@ -115,15 +115,15 @@ def openness(landmarks: np.ndarray) -> dict[str, float]:
     eyes = lid gap / eye width for each eye."""
     lm = np.asarray(landmarks, np.float64)
     return {
-        "mouth": _ratio(lm, T.INNER_LIP_MID, T.MOUTH_CORNERS),
-        "eye_image_left": _ratio(lm, T.EYE_LID_IMAGE_LEFT, (33, 133)),
-        "eye_image_right": _ratio(lm, T.EYE_LID_IMAGE_RIGHT, (263, 362)),
+        "mouth": _ratio(lm, topo.INNER_LIP_MID, topo.MOUTH_CORNERS),
+        "eye_image_left": _ratio(lm, topo.EYE_LID_IMAGE_LEFT, (33, 133)),
+        "eye_image_right": _ratio(lm, topo.EYE_LID_IMAGE_RIGHT, (263, 362)),
     }
 
 
 def eye_distance(landmarks: np.ndarray) -> float:
     """Distance between the outer eye corners, in pixels."""
-    a, b = T.EYE_OUTER
+    a, b = topo.EYE_OUTER
     return float(np.linalg.norm(landmarks[a, :2] - landmarks[b, :2]))
 
 
@@ -131,12 +131,12 @@ def _iris_groups(lm: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(image-left eye + its iris, image-right eye + its iris); the iris order
     is checked against the eye centres rather than assumed."""
     if len(lm) < 478:
-        return T.EYE_IMAGE_LEFT, T.EYE_IMAGE_RIGHT
-    centre_a = lm[list(T.IRIS_A), :2].mean(0)
-    d_left = np.linalg.norm(centre_a - lm[list(T.EYE_IMAGE_LEFT), :2].mean(0))
-    d_right = np.linalg.norm(centre_a - lm[list(T.EYE_IMAGE_RIGHT), :2].mean(0))
-    iris_left, iris_right = (T.IRIS_A, T.IRIS_B) if d_left <= d_right else (T.IRIS_B, T.IRIS_A)
-    return T.EYE_IMAGE_LEFT + iris_left, T.EYE_IMAGE_RIGHT + iris_right
+        return topo.EYE_IMAGE_LEFT, topo.EYE_IMAGE_RIGHT
+    centre_a = lm[list(topo.IRIS_A), :2].mean(0)
+    d_left = np.linalg.norm(centre_a - lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0))
+    d_right = np.linalg.norm(centre_a - lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0))
+    iris_left, iris_right = (topo.IRIS_A, topo.IRIS_B) if d_left <= d_right else (topo.IRIS_B, topo.IRIS_A)
+    return topo.EYE_IMAGE_LEFT + iris_left, topo.EYE_IMAGE_RIGHT + iris_right
 
 
 def expression_regions(landmarks: np.ndarray) -> list[tuple[tuple[int, ...], tuple[int, int]]]:
@@ -147,7 +147,7 @@ def expression_regions(landmarks: np.ndarray) -> list[tuple[tuple[int, ...], tup
     return [
         (left, (33, 133)),
         (right, (263, 362)),
-        (T.LIPS_OUTER + points_inside(landmarks, T.LIPS_OUTER), T.MOUTH_CORNERS),
+        (topo.LIPS_OUTER + points_inside(landmarks, topo.LIPS_OUTER), topo.MOUTH_CORNERS),
     ]
 
 
@@ -171,7 +171,7 @@ def align_to(source: np.ndarray, target: np.ndarray) -> np.ndarray:
     """The source mesh brought into the target's pose, position and scale
     (3-D similarity fitted on the stable points), (N, 3)."""
     n = min(len(source), len(target))
-    idx = list(T.STABLE_POINTS)
+    idx = list(topo.STABLE_POINTS)
     sim = fit_similarity_3d(source[idx], target[idx])
     return sim.apply(np.asarray(source[:n], np.float64))
 
@@ -194,7 +194,7 @@ def fused_shape(
     src = align_to(source, tgt)
     n = len(src)
     per_point = np.full((n, 1), weight)
-    per_point[list(T.FACE_OVAL)] = weight * outline
+    per_point[list(topo.FACE_OVAL)] = weight * outline
     out = tgt[:n] + per_point * (src - tgt[:n])
     for region, anchors in expression_regions(tgt):
         idx = [i for i in region if i < n]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from facefuse.faces import topology as T
+from facefuse.faces import topology as topo
 from facefuse.fusion.geometry import eye_distance, openness
 
 Region = tuple[int, int, int, int]
@@ -23,7 +23,7 @@ MOUTH_OPEN_THRESHOLD = 0.08
 
 def face_region(landmarks: np.ndarray, shape: tuple[int, ...], margin: float) -> Region:
     """Bounding region of the face oval grown by ``margin`` pixels, clipped to the image."""
-    pts = landmarks[list(T.FACE_OVAL), :2]
+    pts = landmarks[list(topo.FACE_OVAL), :2]
     h, w = shape[:2]
     x0 = int(max(0, np.floor(pts[:, 0].min() - margin)))
     y0 = int(max(0, np.floor(pts[:, 1].min() - margin)))
@@ -54,15 +54,16 @@ def _draw(
 
 
 def _soften(canvas: np.ndarray, erode_px: float, sigma: float, pad: int) -> np.ndarray:
-    m = canvas.astype(np.float32) / 255.0
-    r = int(round(erode_px))
+    m: np.ndarray = canvas.astype(np.float32) / 255.0
+    r = round(erode_px)
     if r > 0:
         m = cv2.erode(m, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1,) * 2))
     elif r < 0:
         m = cv2.dilate(m, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (-2 * r + 1,) * 2))
     m = cv2.GaussianBlur(m, (0, 0), sigmaX=sigma, sigmaY=sigma, borderType=cv2.BORDER_CONSTANT)
     h, w = canvas.shape[0] - 2 * pad, canvas.shape[1] - 2 * pad
-    return np.clip(m[pad:pad + h, pad:pad + w], 0.0, 1.0).astype(np.float32)
+    out: np.ndarray = np.clip(m[pad:pad + h, pad:pad + w], 0.0, 1.0).astype(np.float32)
+    return out
 
 
 def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
@@ -74,7 +75,7 @@ def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = Non
     """
     f = feather if feather is not None else feather_px(landmarks)
     pad = int(np.ceil(2 * f)) + 2
-    canvas = _draw(landmarks, T.FACE_OVAL, region, pad)
+    canvas = _draw(landmarks, topo.FACE_OVAL, region, pad)
     return _soften(canvas, 0.5 * f, max(0.8, f / 2.5), pad)
 
 
@@ -89,7 +90,7 @@ def mouth_interior_mask(
         return np.zeros((y1 - y0, x1 - x0), np.float32)
     f = feather if feather is not None else feather_px(landmarks)
     pad = int(np.ceil(2 * f)) + 2
-    canvas = _draw(landmarks, T.LIPS_OUTER, region, pad)
+    canvas = _draw(landmarks, topo.LIPS_OUTER, region, pad)
     return _soften(canvas, -0.1 * f, max(0.6, f / 4.0), pad)
 
 
@@ -97,8 +98,8 @@ def eyes_mask(landmarks: np.ndarray, region: Region, feather: float | None = Non
     """Soft mask (H, W) float32 of both eye openings (inside the lid contours)."""
     f = feather if feather is not None else feather_px(landmarks)
     pad = int(np.ceil(2 * f)) + 2
-    canvas = np.maximum(_draw(landmarks, T.EYE_IMAGE_LEFT, region, pad),
-                        _draw(landmarks, T.EYE_IMAGE_RIGHT, region, pad))
+    canvas = np.maximum(_draw(landmarks, topo.EYE_IMAGE_LEFT, region, pad),
+                        _draw(landmarks, topo.EYE_IMAGE_RIGHT, region, pad))
     return _soften(canvas, -0.1 * f, max(0.6, f / 6.0), pad)
 
 

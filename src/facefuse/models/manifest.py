@@ -91,9 +91,9 @@ class ModelSpec:
             inputs=[TensorSpec(**t) for t in d["inputs"]],
             outputs=[TensorSpec(**t) for t in d["outputs"]],
             preprocessing=Preprocessing(
-                size=tuple(pre["size"]),  # type: ignore[arg-type]
-                mean=tuple(pre["mean"]),  # type: ignore[arg-type]
-                std=tuple(pre["std"]),  # type: ignore[arg-type]
+                size=(int(pre["size"][0]), int(pre["size"][1])),
+                mean=_triple(pre["mean"]),
+                std=_triple(pre["std"]),
                 color=pre["color"],
                 layout=pre["layout"],
             ),
@@ -103,6 +103,10 @@ class ModelSpec:
             base=d.get("base"),
             extra=dict(d.get("extra", {})),
         )
+
+
+def _triple(v: Any) -> tuple[float, float, float]:
+    return float(v[0]), float(v[1]), float(v[2])
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -130,7 +134,8 @@ class Manifest:
             raw = json.loads(path.read_text())
             models = {name: ModelSpec.from_json(d) for name, d in raw["models"].items()}
         except (ValueError, KeyError, TypeError) as exc:
-            raise ModelCorruptError(f"unreadable model manifest {path} ({exc}): {FIX_HINT}") from exc
+            raise ModelCorruptError(
+                f"unreadable model manifest {path} ({exc}): {FIX_HINT}") from exc
         return cls(models)
 
     def save(self, models_dir: Path) -> Path:

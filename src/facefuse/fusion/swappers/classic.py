@@ -50,7 +50,8 @@ class ClassicSwapper:
         target_face: Face,
         options: FuseOptions,
     ) -> FaceLayer:
-        assert source_face.landmarks is not None and target_face.landmarks is not None
+        assert source_face.landmarks is not None
+        assert target_face.landmarks is not None
         src_lm = source_face.landmarks.astype(np.float64)
         tgt_lm = target_face.landmarks.astype(np.float64)
         dst = fused_shape(src_lm, tgt_lm, options.shape_weight)
