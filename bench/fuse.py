@@ -59,6 +59,10 @@ def main() -> None:
                 src = images[s]
                 tgt = resize_long(images[t], size)
                 sf, tf = an.analyse(src)[0], an.analyse(tgt)
+                try:
+                    check_usable(tf[0], "target")
+                except FacefuseError:
+                    continue  # too small at this size: fuse() refuses it, nothing to time
                 face_px.append(tf[0].width)
                 stage.append(median_ms(
                     lambda fz=fuser, src=src, sf=sf, tgt=tgt, tf=tf: fz.fuse_faces(
