@@ -23,7 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
-from facefuse.fusion.engine import FaceFuser
+from facefuse.errors import FacefuseError
+from facefuse.fusion.engine import FaceFuser, check_usable
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.samples import fetch_samples
@@ -71,6 +72,7 @@ def main() -> None:
                     lambda fz=fuser, src=src, tgt=tgt: fz.fuse(src, tgt, opts), args.repeat))
             rows[f"{threads}t_{size}"] = {
                 "threads": threads, "long_side": size,
+                "pairs_timed": len(stage),
                 "fusion_stage_ms": statistics.median(stage), "fuse_ms": statistics.median(whole),
                 "face_width_px": statistics.median(face_px),
                 "per_pair_stage_ms": stage, "per_pair_fuse_ms": whole,
