@@ -28,6 +28,7 @@ from facefuse.fusion.geometry import eye_distance, head_pose
 from facefuse.fusion.quality import compare_faces, cosine, seam_scores
 from facefuse.fusion.swappers.base import FaceLayer, Swapper
 from facefuse.fusion.swappers.classic import ClassicSwapper
+from facefuse.fusion.swappers.onnx import SWAP_TASK, OnnxSwapper
 from facefuse.fusion.types import FusedFace, FuseOptions, FusionResult
 from facefuse.imaging.blend import alpha_blend, laplacian_blend, poisson_blend
 from facefuse.imaging.decode import ImageInput
@@ -86,6 +87,11 @@ class FaceFuser:
         self.settings = settings or Settings.from_env()
         self.analyser = analyser or FaceAnalyser(self.settings)
         self.swappers: dict[str, Swapper] = {"classic": ClassicSwapper()}
+        # Every manifest "swap" entry, loaded on first use (see docs/swappers.md).
+        registry = self.analyser.registry
+        for spec in registry.manifest.for_task(SWAP_TASK):
+            if spec.base is None:
+                self.swappers.setdefault(spec.name, OnnxSwapper(registry, spec.name))
         if swappers:
             self.swappers.update(swappers)
 

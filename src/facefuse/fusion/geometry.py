@@ -135,8 +135,9 @@ def _iris_groups(lm: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
     centre_a = lm[list(topo.IRIS_A), :2].mean(0)
     d_left = np.linalg.norm(centre_a - lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0))
     d_right = np.linalg.norm(centre_a - lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0))
-    iris_left, iris_right = (topo.IRIS_A, topo.IRIS_B) if d_left <= d_right else (topo.IRIS_B, topo.IRIS_A)
-    return topo.EYE_IMAGE_LEFT + iris_left, topo.EYE_IMAGE_RIGHT + iris_right
+    if d_left <= d_right:
+        return topo.EYE_IMAGE_LEFT + topo.IRIS_A, topo.EYE_IMAGE_RIGHT + topo.IRIS_B
+    return topo.EYE_IMAGE_LEFT + topo.IRIS_B, topo.EYE_IMAGE_RIGHT + topo.IRIS_A
 
 
 def expression_regions(landmarks: np.ndarray) -> list[tuple[tuple[int, ...], tuple[int, int]]]:
