@@ -16,12 +16,12 @@ import numpy as np
 def masked_blur(image: np.ndarray, weight: np.ndarray, sigma: float) -> np.ndarray:
     """Gaussian local mean of ``image`` (H, W, C) counting only pixels with
     ``weight`` (H, W) > 0 (normalised convolution); (H, W, C) float32."""
-    w = weight.astype(np.float32)
+    w: np.ndarray = weight.astype(np.float32)
     h, wd = w.shape
     # A low-pass this wide survives decimation: blur at 1/k size (σ/k ≥ 2 px) and
     # upsample, so the cost stays flat as faces get larger.
     k = max(1, int(sigma // 2.0))
-    num_in = image * w[..., None]
+    num_in: np.ndarray = image * w[..., None]
     if k > 1:
         small = (max(1, wd // k), max(1, h // k))
         num_in = cv2.resize(num_in, small, interpolation=cv2.INTER_AREA)
