@@ -5,6 +5,8 @@ Quick start::
     import facefuse
     faces = facefuse.analyse("photo.jpg")          # list[Face], largest first
     print(faces[0].bbox, faces[0].embedding.shape)  # (4,), (128,)
+    result = facefuse.fuse("source.jpg", "target.jpg", degree=80)
+    result.image                                    # RGB uint8, the target's size
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ from facefuse.faces.types import Detection, Face
 
 if TYPE_CHECKING:
     from facefuse.faces.analyser import FaceAnalyser
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.types import FusionResult
     from facefuse.imaging.decode import ImageInput
 
-__all__ = ["Detection", "Face", "FaceAnalyser", "FacefuseError", "Settings", "analyse"]
+__all__ = [
+    "Detection", "Face", "FaceAnalyser", "FaceFuser", "FacefuseError", "Settings", "analyse",
+    "fuse",
+]
 __version__ = "0.1.0"
 
 _lock = threading.Lock()
 _default: dict[Settings, FaceAnalyser] = {}
+_fusers: dict[Settings, FaceFuser] = {}
 
 
 def default_analyser(settings: Settings | None = None) -> FaceAnalyser:
@@ -49,9 +57,34 @@ def analyse(image: ImageInput, settings: Settings | None = None) -> list[Face]:
     return default_analyser(settings).analyse(image)
 
 
+def fuse(
+    source: ImageInput, target: ImageInput, *, degree: float = 100.0,
+    settings: Settings | None = None, **options: object,
+) -> FusionResult:
+    """Fuse the source face into ``target`` at ``degree`` (0 = target unchanged,
+    100 = full source identity). Other :class:`~facefuse.fusion.types.FuseOptions`
+    fields (``mode``, ``shape``, ``texture``, ``blend``, ...) pass as keywords."""
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.types import FuseOptions
+
+    opts = FuseOptions(degree=degree, **options)  # type: ignore[arg-type]
+    settings = settings or Settings.from_env()
+    analyser = default_analyser(settings)
+    with _lock:
+        fuser = _fusers.get(settings)
+        if fuser is None:
+            fuser = FaceFuser(settings, analyser)
+            _fusers[settings] = fuser
+    return fuser.fuse(source, target, opts)
+
+
 def __getattr__(name: str) -> object:
     if name == "FaceAnalyser":
         from facefuse.faces.analyser import FaceAnalyser
 
         return FaceAnalyser
+    if name == "FaceFuser":
+        from facefuse.fusion.engine import FaceFuser
+
+        return FaceFuser
     raise AttributeError(name)
