@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
@@ -32,15 +33,41 @@ MESH_POINTS = 468
 EYE_KEEP = 0.6
 
 
-def _triangles(points: np.ndarray, region: tuple[int, int, int, int]) -> np.ndarray:
-    x0, y0, x1, y1 = region
-    return delaunay(points, (x0 - 1, y0 - 1, x1 + 1, y1 + 1))
+#: Faces whose outer eye corners are further apart than this (pixels) are
+#: rendered at a reduced working resolution and the layer upsampled: the cost then
+#: stops growing with face size, and the recogniser's own chip is 150 px anyway.
+WORK_EYE_PX = 96.0
+
+
+def _triangles(points: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    w, h = size
+    return delaunay(points, (-1, -1, w + 1, h + 1))
+
+
+def _crop_scaled(
+    image: np.ndarray, landmarks: np.ndarray, margin: float, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The face's neighbourhood of ``image`` resized by ``scale`` (≤ 1), and the
+    landmarks (N, 3) in that crop's pixel frame."""
+    x0, y0, x1, y1 = masks.face_region(landmarks, image.shape, margin)
+    crop = image[y0:y1, x0:x1]
+    pts = landmarks.astype(np.float64).copy()
+    pts[:, 0] -= x0
+    pts[:, 1] -= y0
+    if scale < 1.0:
+        size = (max(1, round((x1 - x0) * scale)), max(1, round((y1 - y0) * scale)))
+        crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
+        pts *= scale
+    return np.ascontiguousarray(crop), pts
 
 
 class ClassicSwapper:
     """The default swapper; needs only the analysis models."""
 
     name = "classic"
+
+    def __init__(self, work_eye_px: float = WORK_EYE_PX) -> None:
+        self.work_eye_px = work_eye_px
 
     def render(
         self,
@@ -60,33 +87,66 @@ class ClassicSwapper:
             masks.face_region(tgt_lm, target_rgb.shape, 2 * feather),
             masks.face_region(dst, target_rgb.shape, 2 * feather),
         )
-        mesh_dst = dst[:MESH_POINTS, :2]
-        tris = _triangles(mesh_dst, region)
-        ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
-            [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]], mesh_dst, tris, region)
         x0, y0, x1, y1 = region
-        bg = target_rgb[y0:y1, x0:x1].astype(np.float32)
+        w, h = x1 - x0, y1 - y0
+        scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(tgt_lm)))
+        # Everything below runs in the region's frame at the working scale.
+        origin = np.array([x0, y0, 0.0])
+        tgt_img = target_rgb[y0:y1, x0:x1]
+        if scale < 1.0:
+            small = (max(1, round(w * scale)), max(1, round(h * scale)))
+            tgt_img = cv2.resize(tgt_img, small, interpolation=cv2.INTER_AREA)
+        tgt_local = (tgt_lm - origin) * scale
+        dst_local = (dst - origin) * scale
+        src_scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(src_lm)))
+        src_img, src_local = _crop_scaled(source_rgb, src_lm, 2 * masks.feather_px(src_lm),
+                                          src_scale)
+        face, mask = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img), tgt_local,
+                                 dst_local, feather * scale, options)
+        if scale < 1.0:
+            face = cv2.resize(face, (w, h), interpolation=cv2.INTER_LINEAR)
+            mask = cv2.resize(mask, (w, h), interpolation=cv2.INTER_LINEAR)
+        return FaceLayer(region, face, mask, dst)
+
+    def _layer(
+        self,
+        src_img: np.ndarray,
+        src_lm: np.ndarray,
+        tgt_img: np.ndarray,
+        tgt_lm: np.ndarray,
+        dst: np.ndarray,
+        feather: float,
+        options: FuseOptions,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Face layer (h, w, 3) float32 and blend mask (h, w) over the whole of
+        ``tgt_img``; all coordinates in the frames of the given images."""
+        h, w = tgt_img.shape[:2]
+        frame = (0, 0, w, h)
+        mesh_dst = dst[:MESH_POINTS, :2]
+        tris = _triangles(mesh_dst, (w, h))
+        ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
+            [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]], mesh_dst, tris, frame)
+        bg = tgt_img.astype(np.float32)
         outside = ~valid
         # Outside the mesh the maps are undefined: use the target's own pixels there,
         # so coarse pyramid levels of the blend never see invented content.
-        target_layer = remap_region(target_rgb, mx_t, my_t).astype(np.float32)
+        target_layer = remap_region(tgt_img, mx_t, my_t).astype(np.float32)
         target_layer[outside] = bg[outside]
-        mask = masks.oval_mask(dst, region, feather) * valid.astype(np.float32)
+        mask = masks.oval_mask(dst, frame, feather) * valid.astype(np.float32)
         w_tex = options.texture_weight
         if w_tex <= 0.0:
-            return FaceLayer(region, target_layer, mask, dst)
-        source_layer = remap_region(source_rgb, mx_s, my_s).astype(np.float32)
+            return target_layer, mask
+        source_layer = remap_region(src_img, mx_s, my_s).astype(np.float32)
         source_layer[outside] = target_layer[outside]
         skin = (mask > 0.5).astype(np.float32)
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
         source_layer = transfer_lighting(source_layer, target_layer, skin, sigma)
         source_layer = match_sharpness(source_layer, target_layer, skin)
         alpha = np.full(mask.shape, w_tex, np.float32)
-        mouth = masks.mouth_interior_mask(dst, region, feather)
-        alpha *= 1.0 - mouth
-        alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, region, feather)
+        alpha *= 1.0 - masks.mouth_interior_mask(dst, frame, feather)
+        alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, frame, feather)
         face = target_layer + alpha[..., None] * (source_layer - target_layer)
-        return FaceLayer(region, face, mask, dst)
+        return face, mask
 
 
 def layer_bounds(layer: FaceLayer) -> tuple[int, int, int, int]:
