@@ -197,3 +197,23 @@ def test_bad_options_are_typed_errors(bad: dict[str, object]) -> None:
 
     with pytest.raises(InvalidArgumentError):
         FuseOptions(**bad)  # type: ignore[arg-type]
+
+
+def test_profile_faces_are_refused_with_a_typed_error(analysed) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from facefuse.errors import FaceProfileError
+    from facefuse.fusion.engine import check_usable
+    from facefuse.fusion.geometry import head_pose
+
+    face = analysed["obama"][0]
+    check_usable(face, "source")  # the frontal original is fine
+    lm = face.landmarks.astype(np.float64)
+    centre = lm.mean(0)
+    a = math.radians(70)
+    rot = np.array([[math.cos(a), 0, math.sin(a)], [0, 1, 0], [-math.sin(a), 0, math.cos(a)]])
+    turned = replace(face, landmarks=((lm - centre) @ rot.T + centre).astype(np.float32))
+    assert abs(head_pose(turned.landmarks)[0]) > 50
+    with pytest.raises(FaceProfileError) as exc:
+        check_usable(turned, "target")
+    assert exc.value.code == "target_face_profile"
