@@ -32,6 +32,7 @@ import numpy as np
 
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.types import Detection
+from facefuse.imaging.checks import require_rgb
 from facefuse.models.registry import LoadedModel
 
 Variant = Literal["full", "short"]
@@ -412,7 +413,7 @@ class FaceDetector:
         Returns:
             list of ``(tensor (3, S, S) float32 in [-1, 1], Letterbox)``.
         """
-        _check_image(image)
+        require_rgb(image)
         h, w = image.shape[:2]
         crops = [(0, 0, w, h)]
         crops.extend(tile_grid(w, h, self.tile_above, MIN_FACE_FRACTION[self.variant]))
@@ -486,13 +487,3 @@ def _to_detections(c: Candidates, width: int, height: int) -> list[Detection]:
             continue
         out.append(Detection(bbox=clipped, score=float(score), keypoints=kps.astype(np.float32)))
     return out
-
-
-def _check_image(image: np.ndarray) -> None:
-    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3:
-        shape = getattr(image, "shape", None)
-        raise InvalidArgumentError(f"expected an RGB image of shape (H, W, 3), got {shape}")
-    if image.dtype != np.uint8:
-        raise InvalidArgumentError(f"expected a uint8 image, got {image.dtype}")
-    if image.shape[0] < 1 or image.shape[1] < 1:
-        raise InvalidArgumentError("image is empty")

@@ -33,6 +33,7 @@ import numpy as np
 
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.types import Detection
+from facefuse.imaging.checks import require_rgb
 from facefuse.models.registry import LoadedModel
 
 MESH_SIZE = 192
@@ -211,7 +212,7 @@ class FaceMesh:
         Returns:
             tensor (3, 192, 192) float32 in [0, 1], and M (2, 3) float64 image → ROI pixels.
         """
-        _check_image(image)
+        require_rgb(image)
         centre, side, angle = face_roi(detection)
         if not side > 0:
             raise InvalidArgumentError("detection box is empty")
@@ -348,11 +349,3 @@ class FaceMesh:
             full = self.refine(m, contours[2 * i : 2 * i + 2], iris[2 * i : 2 * i + 2], Ms)
             out.append((full, p))
         return out
-
-
-def _check_image(image: np.ndarray) -> None:
-    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3:
-        shape = getattr(image, "shape", None)
-        raise InvalidArgumentError(f"expected an RGB image of shape (H, W, 3), got {shape}")
-    if image.dtype != np.uint8:
-        raise InvalidArgumentError(f"expected a uint8 image, got {image.dtype}")

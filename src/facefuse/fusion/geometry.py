@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from facefuse.faces import topology as topo
+from facefuse.faces.align import similarity_transform
 
 
 @dataclass(frozen=True)
@@ -43,26 +44,6 @@ def fit_similarity_3d(src: np.ndarray, dst: np.ndarray) -> Similarity3D:
     scale = float(np.trace(np.diag(S) @ D) / var_s) if var_s > 0 else 1.0
     t = mu_d - scale * R @ mu_s
     return Similarity3D(scale, R, t)
-
-
-def fit_similarity_2d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Least-squares 2-D similarity (2, 3) taking ``src`` (N, 2) onto ``dst`` (N, 2)."""
-    src = np.asarray(src, np.float64)[:, :2]
-    dst = np.asarray(dst, np.float64)[:, :2]
-    mu_s, mu_d = src.mean(0), dst.mean(0)
-    a, b = src - mu_s, dst - mu_d
-    cov = b.T @ a / len(src)
-    U, S, Vt = np.linalg.svd(cov)
-    D = np.eye(2)
-    if np.linalg.det(U) * np.linalg.det(Vt) < 0:
-        D[1, 1] = -1.0
-    R = U @ D @ Vt
-    var_s = (a**2).sum() / len(src)
-    scale = float(np.trace(np.diag(S) @ D) / var_s) if var_s > 0 else 1.0
-    M = np.zeros((2, 3))
-    M[:, :2] = scale * R
-    M[:, 2] = mu_d - scale * R @ mu_s
-    return M
 
 
 def euler_angles(R: np.ndarray) -> tuple[float, float, float]:
@@ -199,7 +180,7 @@ def fused_shape(
     out = tgt[:n] + per_point * (src - tgt[:n])
     for region, anchors in expression_regions(tgt):
         idx = [i for i in region if i < n]
-        full = fit_similarity_2d(tgt[list(anchors), :2], src[list(anchors), :2])
+        full = similarity_transform(tgt[list(anchors), :2], src[list(anchors), :2])
         # Interpolate the region's similarity between identity and the full fit.
         M = (1.0 - weight) * np.array([[1.0, 0, 0], [0, 1.0, 0]]) + weight * full
         pts = tgt[idx, :2]
