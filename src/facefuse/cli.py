@@ -82,6 +82,24 @@ def cmd_models_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_quantize(args: argparse.Namespace) -> int:
+    from facefuse.models.quantize import DEFAULT_MODELS, QuantizeOptions, quantize_models
+
+    bench = Path(args.benchmarks) if args.benchmarks else Path("BENCHMARKS.md")
+    options = QuantizeOptions(
+        models=tuple(args.models or DEFAULT_MODELS), fmt=args.format,
+        calibration=args.calibration, fp16=args.fp16, benchmark=not args.no_bench,
+        report_dir=Path(args.report_dir) if args.report_dir else None,
+        benchmarks=bench if args.benchmarks or bench.is_file() else None,
+        command="facefuse " + " ".join(sys.argv[1:]))
+    outcome = quantize_models(_settings(args), options)
+    for line in [f"registered {n}" for n in outcome.registered] + [
+            f"wrote {p}" for p in outcome.written]:
+        print(line)
+    outcome.raise_for_failures()  # a refused variant: exit non-zero with its figures
+    return 0
+
+
 def cmd_samples(args: argparse.Namespace) -> int:
     from facefuse.samples import fetch_samples
 
@@ -179,6 +197,21 @@ def build_parser() -> argparse.ArgumentParser:
     v = msub.add_parser("verify", help="check every model file against its sha256")
     common(v)
     v.set_defaults(func=cmd_models_verify)
+    q = msub.add_parser("quantize", help="INT8/FP16 variants behind the accuracy gate")
+    common(q)
+    q.add_argument("--models", nargs="+", help="models to quantize (default: detector, mesh, "
+                   "iris, recognizer)")
+    q.add_argument("--format", default="auto",
+                   choices=["auto", "qdq-u8s8", "qop-u8s8", "qdq-s8s8"])
+    q.add_argument("--calibration", default="auto",
+                   choices=["auto", "minmax", "percentile", "entropy"])
+    q.add_argument("--fp16", action="store_true", help="also make FP16 variants (for GPUs)")
+    q.add_argument("--report-dir", help="where quantization.json/.md go "
+                   "(default $FACEFUSE_HOME/reports)")
+    q.add_argument("--benchmarks", help="BENCHMARKS.md to update (default ./BENCHMARKS.md "
+                   "when it exists)")
+    q.add_argument("--no-bench", action="store_true", help="skip the timing/RSS measurements")
+    q.set_defaults(func=cmd_models_quantize)
 
     s = sub.add_parser("samples", help="fetch the pinned sample photos")
     s.set_defaults(func=cmd_samples)
