@@ -138,6 +138,12 @@ class ChecksumError(BuildError):
     code = "checksum_mismatch"
 
 
+class QuantizationGateError(BuildError):
+    """A quantized model failed the accuracy gate and was not registered."""
+
+    code = "quantization_gate_failed"
+
+
 # --- service ---------------------------------------------------------------------------
 
 

@@ -5,7 +5,8 @@ A variant is written into the manifest (``<model>.int8`` / ``<model>.fp16`` with
 ``base=<model>``) only when it passes every gate of :mod:`.gate`.
 """
 
-from facefuse.models.quantize.gate import QuantizationGateError, Thresholds
+from facefuse.errors import QuantizationGateError
+from facefuse.models.quantize.gate import Thresholds
 from facefuse.models.quantize.pipeline import (
     DEFAULT_MODELS,
     QuantizeOptions,

@@ -25,8 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from facefuse.errors import BuildError
-
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -42,12 +40,6 @@ class Thresholds:
 
 
 THRESHOLDS = Thresholds()
-
-
-class QuantizationGateError(BuildError):
-    """A quantized model failed the accuracy gate and was not registered."""
-
-    code = "quantization_gate_failed"
 
 
 @dataclass

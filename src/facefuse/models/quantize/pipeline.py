@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from facefuse.config import Settings
-from facefuse.errors import InvalidArgumentError
+from facefuse.errors import InvalidArgumentError, QuantizationGateError
 from facefuse.models.manifest import Manifest, ModelSpec
 from facefuse.models.quantize.calibration import (
     MODEL_TASKS,
@@ -52,7 +52,7 @@ from facefuse.models.quantize.evaluate import (
     load_candidate,
     variant_spec,
 )
-from facefuse.models.quantize.gate import GateResult, QuantizationGateError
+from facefuse.models.quantize.gate import GateResult
 from facefuse.models.quantize.int8 import (
     FORMATS,
     METHODS,
