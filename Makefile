@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 export FACEFUSE_HOME ?= $(HOME)/.cache/facefuse
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: install models samples setup demo test lint bench clean system-deps
+.PHONY: install models samples setup demo serve test lint bench clean system-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ setup: models samples
 
 demo: setup
 	bash scripts/demo.sh
+
+# The API on embedded defaults (in-process caches, no Redis): HOST=0.0.0.0 PORT=9000 to change.
+serve: models
+	$(VENV)/bin/facefuse serve --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),8000)
 
 test: setup system-deps
 	$(VENV)/bin/pytest -q

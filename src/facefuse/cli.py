@@ -174,6 +174,13 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from facefuse.serving.app import serve
+
+    return serve(args.host, args.port, args.workers, models_dir=args.models_dir,
+                 threads=args.threads, log_level="debug" if args.verbose else "info")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="facefuse", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log progress")
@@ -243,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--contact-sheet", metavar="PNG",
                    help="write source, target and outputs at degrees 0/50/100")
     f.set_defaults(func=cmd_fuse)
+
+    sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
+    common(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    sv.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    sv.set_defaults(func=cmd_serve)
     return p
 
 

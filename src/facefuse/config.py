@@ -53,6 +53,57 @@ class Settings:
     max_bytes: int = 10 * 1024 * 1024
     min_side: int = 16
 
+    # --- the HTTP service (facefuse serve); see docs/operations.md ------------------------
+    #: L2 result cache in Redis (``redis://[:password@]host:port/db``); empty: in process.
+    redis_url: str = ""
+    #: Time to live of an L2 entry in Redis, seconds.
+    redis_ttl_s: int = 3600
+    #: Redis connect/command timeout, seconds (a cache slower than computing is useless).
+    redis_timeout_s: float = 0.1
+    #: L1 analysis cache bound (decoded-image analyses), bytes.
+    l1_cache_bytes: int = 32 * 1024 * 1024
+    #: In-process L2 result cache bound (when no Redis), bytes.
+    l2_cache_bytes: int = 64 * 1024 * 1024
+    #: Largest single result stored in L2, bytes.
+    l2_max_item_bytes: int = 8 * 1024 * 1024
+    #: Opt-in near-duplicate matching of L1 analyses by perceptual hash (never L2).
+    l1_phash: bool = False
+    #: Micro-batching: most items per model call, and the longest wait for company.
+    #: 0: a batch starts as soon as an inference thread is free, and the items that
+    #: arrive while every thread is busy form the next one (measured best on CPU:
+    #: throughput is flat from 0 to 10 ms, and each ms adds ~10 ms to a lone fuse;
+    #: see BENCHMARKS.md). On a GPU, 5-20 ms fills batches that cost ~one item.
+    max_batch_size: int = 8
+    max_queue_delay_ms: float = 0.0
+    #: Items waiting per model queue; beyond it requests get 503 + Retry-After.
+    max_queue_size: int = 64
+    #: Switch micro-batching off for every route (batch of one, no queue delay).
+    batching: bool = True
+    #: Route paths (e.g. ``/v1/embed``) that run without micro-batching.
+    unbatched_routes: tuple[str, ...] = ()
+    #: Requests accepted at once (beyond: 503 + Retry-After).
+    max_inflight: int = 64
+    #: Of those, requests decoded and in the pipeline at once; the others wait their
+    #: turn holding only their upload (bounds memory; enough to fill the batches).
+    max_active: int = 8
+    #: Per-request deadline, seconds (504 when passed); clients may ask for less.
+    request_timeout_s: float = 30.0
+    #: Threads that run model batches, and threads for decode/warp/blend/encode.
+    inference_workers: int = 2
+    cpu_workers: int = 2
+    #: Request body limit, bytes (checked before reading it all).
+    max_body_bytes: int = 10 * 1024 * 1024
+    #: Allowed CORS origins (comma-separated); empty: CORS off.
+    cors_origins: tuple[str, ...] = ()
+    #: Seconds in-flight requests get to finish on shutdown.
+    shutdown_grace_s: float = 20.0
+    #: Poll the model directory this often for a hot reload, seconds (0: off).
+    reload_poll_s: float = 2.0
+    #: Seconds a client is told to wait (Retry-After) when overloaded.
+    retry_after_s: int = 1
+    #: TEST ONLY: sleep this long in every model batch (makes queues fill up).
+    debug_batch_delay_ms: float = 0.0
+
     @property
     def model_dir(self) -> Path:
         """The resolved model directory."""

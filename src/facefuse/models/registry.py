@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,11 @@ class ModelRegistry:
         self.settings = settings
         self.models_dir = settings.model_dir
         self._lock = threading.Lock()
+        self._reload_lock = threading.Lock()
         self._manifest: Manifest | None = None
         self._loaded: dict[str, LoadedModel] = {}
+        #: Incremented by every :meth:`reload` that swapped in a new model set.
+        self.generation = 0
 
     @property
     def manifest(self) -> Manifest:
@@ -117,3 +121,45 @@ class ModelRegistry:
     def loaded(self) -> dict[str, LoadedModel]:
         """The models loaded so far, by base name."""
         return dict(self._loaded)
+
+    def reload(self, names: Iterable[str] | None = None) -> list[str]:
+        """Re-read the manifest on disk and swap in new sessions, all or nothing.
+
+        Every model loaded so far (plus ``names``) is resolved against the new
+        manifest and its file verified by sha256. Unchanged models (same file and
+        sha256) keep their session; changed ones get a new session built beside the
+        old one. Only when every model loaded does the registry swap its manifest and
+        model dict in one step: callers holding an old :class:`LoadedModel` finish
+        on it, the next :meth:`get` returns the new one.
+
+        Returns:
+            The base names whose model changed (empty when nothing did).
+
+        Raises:
+            ModelError: a missing, corrupt or unloadable model or manifest; nothing
+                is swapped and the old models keep serving.
+        """
+        with self._reload_lock:
+            manifest = Manifest.load(self.models_dir)
+            current = dict(self._loaded)
+            wanted = list(dict.fromkeys([*current, *(names or ())]))
+            fresh: dict[str, LoadedModel] = {}
+            changed: list[str] = []
+            for name in wanted:
+                spec = choose_variant(manifest, name, self.settings)
+                old = current.get(name)
+                if old is not None and old.spec == spec:
+                    verify_file(self.models_dir, spec)  # same entry: is the file still it?
+                    fresh[name] = old
+                else:
+                    fresh[name] = self._load(spec)
+                    changed.append(name)
+            with self._lock:
+                # Models lazily loaded meanwhile from the old manifest are dropped; the
+                # next get() loads them from the new one.
+                self._manifest = manifest
+                self._loaded = fresh
+                self.generation += 1
+            if changed:
+                log.info("reloaded models: %s", ", ".join(changed))
+            return changed

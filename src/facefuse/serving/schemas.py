@@ -1,0 +1,121 @@
+"""Request options and response bodies of the HTTP API (pydantic models).
+
+The option models validate the non-file fields of a request, whichever way it came
+(multipart form fields are strings, JSON values are typed); unknown fields are
+refused so a typo (``degre=50``) is an error, not a silently ignored option.
+The response models only document the API (OpenAPI); handlers build plain dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "EmbedParams",
+    "ErrorBody",
+    "FacesParams",
+    "FuseParams",
+    "VerifyParams",
+    "image_request_body",
+]
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FuseParams(_Params):
+    """Options of ``POST /v1/fuse``."""
+
+    degree: float = Field(100.0, ge=0, le=100, description="0 returns the target unchanged, "
+                          "100 the full source identity.")
+    shape: float | None = Field(None, ge=0, le=100,
+                                description="Geometry weight (default: degree).")
+    texture: float | None = Field(None, ge=0, le=100,
+                                  description="Skin texture weight (default: degree).")
+    mode: Literal["one", "many", "reference"] = Field(
+        "one", description="one: the face at target_face_index (largest first); many: every "
+        "face; reference: the target face most like the `reference` image's face.")
+    target_face_index: int | None = Field(None, ge=0, description="Face to replace in mode one "
+                                          "(0 = largest).")
+    blend: Literal["multiband", "poisson", "alpha"] = "multiband"
+    format: Literal["jpeg", "png", "webp"] = Field("jpeg", description="Output format.")
+    quality: int = Field(92, ge=1, le=100, description="JPEG / WebP quality.")
+    similarity: bool = Field(True, description="Re-analyse the output and report the identity "
+                             "similarity to the source (X-Facefuse-Identity-Similarity).")
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _format_alias(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip().lower()
+            return "jpeg" if v == "jpg" else v
+        return v
+
+
+class FacesParams(_Params):
+    """Options of ``POST /v1/faces``."""
+
+    landmarks: bool = Field(False, description="Include the 478-point mesh of each face.")
+    attributes: bool = Field(False, description="Estimate age and gender.")
+
+
+class EmbedParams(_Params):
+    """``POST /v1/embed`` takes no options."""
+
+
+class VerifyParams(_Params):
+    """``POST /v1/verify`` takes no options."""
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. `no_face`.")
+    message: str = Field(description="Human-readable explanation.")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+def image_request_body(
+    files: dict[str, str], params: type[BaseModel], required: tuple[str, ...]
+) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route taking image files + option fields.
+
+    Documents both encodings: ``multipart/form-data`` (files as binary parts) and
+    ``application/json`` (files as base64 strings).
+    """
+    opts = params.model_json_schema()
+    props = dict(opts.get("properties", {}))
+    multipart: dict[str, Any] = {
+        "type": "object",
+        "required": list(required),
+        "properties": {
+            **{n: {"type": "string", "format": "binary", "description": d}
+               for n, d in files.items()},
+            **props,
+        },
+    }
+    json_body: dict[str, Any] = {
+        "type": "object",
+        "required": list(required),
+        "properties": {
+            **{n: {"type": "string", "format": "byte", "description": d + " (base64)"}
+               for n, d in files.items()},
+            **props,
+        },
+        "additionalProperties": False,
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {"schema": multipart},
+                "application/json": {"schema": json_body},
+            },
+        }
+    }

@@ -1,0 +1,147 @@
+"""What one server process holds: settings, pipeline, caches, keys, metrics, flags.
+
+One :class:`Services` per app (``app.state.services``); routes reach it through
+:func:`services`. Nothing here is global.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from facefuse.config import Settings
+from facefuse.errors import ModelError
+from facefuse.serving.cache import ResultCache
+from facefuse.serving.metrics import Metrics
+from facefuse.serving.pipeline import Pipeline, RequestContext
+from facefuse.serving.security import ApiKeys
+
+__all__ = ["ModelRow", "ReloadStatus", "Services", "services"]
+
+T = TypeVar("T")
+
+#: Header a client may send to ask for a shorter deadline than the server's, seconds.
+TIMEOUT_HEADER = "x-facefuse-timeout"
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One loaded model as ``GET /v1/models`` and ``facefuse_model_info`` show it."""
+
+    name: str
+    version: str
+    sha256: str
+    precision: str
+    provider: str
+    file: str
+    task: str
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ReloadStatus:
+    """The outcome of the last model reload (manual or automatic)."""
+
+    at: float | None = None
+    ok: bool | None = None
+    changed: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "ok": self.ok, "changed": self.changed, "error": self.error}
+
+
+@dataclass
+class Services:
+    """Everything the routes of one app use."""
+
+    settings: Settings
+    l2: ResultCache
+    metrics: Metrics
+    keys: ApiKeys
+    pipeline: Pipeline | None = None
+    #: True once shutdown began: /readyz answers 503, new /v1 requests are refused.
+    draining: bool = False
+    last_reload: ReloadStatus = field(default_factory=ReloadStatus)
+    _flights: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+
+    def require_pipeline(self) -> Pipeline:
+        if self.pipeline is None:
+            raise ModelError("models are still loading; retry shortly", code="not_ready")
+        return self.pipeline
+
+    def context(self, request: Request, route: str) -> RequestContext:
+        """The per-request pipeline context: deadline and batching for ``route``."""
+        s = self.settings
+        timeout = s.request_timeout_s
+        asked = request.headers.get(TIMEOUT_HEADER)
+        if asked is not None:
+            with contextlib.suppress(ValueError):
+                value = float(asked)
+                if value > 0:
+                    timeout = min(timeout, value)
+        start = request.scope.get("state", {}).get("t0", time.monotonic())
+        batched = s.batching and route not in s.unbatched_routes
+        return RequestContext(deadline=start + timeout, batched=batched)
+
+    async def coalesce(self, key: str, make: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+        """Single flight: concurrent callers with the same ``key`` share one computation.
+
+        Returns (result, shared) — ``shared`` is True for callers that waited on
+        another's computation. A leader's error is every follower's error; when the
+        leader is cancelled (client went away), a follower computes itself.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            fut = self._flights.get(key)
+            if fut is None:
+                break
+            try:
+                return await asyncio.shield(fut), True
+            except asyncio.CancelledError:
+                if not fut.cancelled():
+                    raise  # we were cancelled ourselves
+        fut = loop.create_future()
+        self._flights[key] = fut
+        try:
+            result = await make()
+        except Exception as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: no "never retrieved" warning without followers
+            raise
+        except BaseException:
+            fut.cancel()
+            raise
+        else:
+            fut.set_result(result)
+            return result, False
+        finally:
+            if self._flights.get(key) is fut:
+                del self._flights[key]
+
+    def model_rows(self) -> list[ModelRow]:
+        """The loaded models (empty while loading)."""
+        if self.pipeline is None:
+            return []
+        rows = []
+        for name, m in sorted(self.pipeline.registry.loaded().items()):
+            s = m.spec
+            rows.append(ModelRow(name=name, version=s.sha256[:16], sha256=s.sha256,
+                                 precision=s.precision, provider=m.provider, file=s.file,
+                                 task=s.task, size=s.size))
+        return rows
+
+
+def services(request: Request) -> Services:
+    """The :class:`Services` of the app serving ``request``."""
+    svc: Services = request.app.state.services
+    return svc

@@ -1,0 +1,111 @@
+"""Back-pressure, deadlines and graceful shutdown against real servers.
+
+The servers here run a test-only slow path (``FACEFUSE_DEBUG_BATCH_DELAY_MS``: every
+model batch sleeps) with a two-item queue (one request puts two eye ROIs in at once), so a handful of concurrent requests fill
+the queue (503 + Retry-After) and a short client deadline passes mid-request (504).
+They run without API keys: authentication off means every route, admin ones too,
+is open.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from server_harness import GRACEFUL_EXIT, ServerProcess, metric_values, photo_variants
+
+from facefuse.config import Settings
+
+SLOW = {"FACEFUSE_DEBUG_BATCH_DELAY_MS": "500", "FACEFUSE_MAX_QUEUE_SIZE": "2",
+        "FACEFUSE_MAX_BATCH_SIZE": "1", "FACEFUSE_RETRY_AFTER_S": "2"}
+
+
+@pytest.fixture(scope="module")
+def slow(
+    settings: Settings, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    proc = ServerProcess(settings.home, tmp_path_factory.mktemp("slow"), SLOW, name="slow")
+    proc.start()
+    yield proc
+    assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
+
+
+@pytest.fixture(scope="module")
+def images(sample_images: dict[str, np.ndarray]) -> list[bytes]:
+    return photo_variants(sample_images, 12, seed=3)
+
+
+def faces(c: httpx.Client, image: bytes, **headers: str) -> httpx.Response:
+    return c.post("/v1/faces", files={"image": ("i.jpg", image)}, headers=headers)
+
+
+def test_full_queue_answers_503_with_retry_after(slow: ServerProcess, images: list[bytes]) -> None:
+    def one(image: bytes) -> httpx.Response:
+        with slow.client() as c:
+            return faces(c, image)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, images[:8]))
+    statuses = sorted(r.status_code for r in answers)
+    assert set(statuses) <= {200, 503}, [r.text for r in answers]
+    assert 200 in statuses and 503 in statuses, statuses
+    for r in answers:
+        if r.status_code == 503:
+            assert r.headers["retry-after"] == "2"
+            assert r.json()["error"]["code"] == "overloaded"
+
+
+def test_deadline_answers_504_and_the_server_stays_healthy(
+    slow: ServerProcess, images: list[bytes]
+) -> None:
+    with slow.client() as c:
+        r = faces(c, images[8], **{"X-Facefuse-Timeout": "0.2"})
+        assert r.status_code == 504, r.text
+        assert r.json()["error"]["code"] == "deadline_exceeded"
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/readyz").json()["status"] == "ready"
+        ok = faces(c, images[9])
+        assert ok.status_code == 200 and len(ok.json()["faces"]) == 1
+
+
+def test_auth_off_opens_every_route(slow: ServerProcess) -> None:
+    with slow.client() as c:
+        assert c.get("/v1/models").status_code == 200
+        assert c.delete("/v1/cache").status_code == 200
+        assert c.post("/v1/models/reload").status_code == 200
+
+
+def test_graceful_shutdown_answers_every_request_in_flight(
+    settings: Settings, model_dir: Path, tmp_path: Path, images: list[bytes]
+) -> None:
+    env = {**SLOW, "FACEFUSE_MAX_QUEUE_SIZE": "64", "FACEFUSE_MAX_BATCH_SIZE": "8"}
+    proc = ServerProcess(settings.home, tmp_path, env, name="shutdown").start()
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            def one(image: bytes) -> httpx.Response:
+                with proc.client() as c:
+                    return faces(c, image)
+
+            pending = [pool.submit(one, image) for image in images[:6]]
+            with proc.client() as c:  # wait until all six are being processed
+                end = time.monotonic() + 60
+                while metric_values(c.get("/metrics").text,
+                                    "facefuse_http_requests_in_flight").get("", 0) < 6:
+                    assert time.monotonic() < end, "requests never arrived"
+                    time.sleep(0.02)
+            proc.terminate()
+            answers = [f.result(timeout=120) for f in pending]
+        assert [r.status_code for r in answers] == [200] * 6, [r.text for r in answers]
+        assert all(len(r.json()["faces"]) == 1 for r in answers)
+        assert proc.wait(60) in GRACEFUL_EXIT
+        with pytest.raises(httpx.TransportError):
+            httpx.get(proc.url + "/healthz", timeout=2)
+        log = proc.log_tail(20000)
+        assert '"drained": true' in log
+    finally:
+        proc.kill()
