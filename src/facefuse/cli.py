@@ -12,13 +12,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from facefuse.config import Settings
 from facefuse.errors import FacefuseError
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    overrides = {}
+    overrides: dict[str, Any] = {}
     if getattr(args, "models_dir", None):
         overrides["models_dir"] = Path(args.models_dir)
     if getattr(args, "threads", None) is not None:
@@ -41,7 +42,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     manifest = Manifest.load(settings.model_dir)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, spec in sorted(manifest.models.items()):
         if spec.base is not None:
             continue
@@ -133,7 +134,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     else:
         print(f"{args.image}: {len(faces)} face(s), {rgb.shape[1]}x{rgb.shape[0]}")
         for i, f in enumerate(faces):
-            x0, y0, x1, y1 = (int(round(v)) for v in f.bbox)
+            x0, y0, x1, y1 = (round(float(v)) for v in f.bbox)
             extra = ""
             if f.age is not None:
                 extra = f"  age {f.age:.0f}, {f.gender} ({f.gender_score:.2f})"

@@ -144,7 +144,8 @@ class Settings:
     def validate(self) -> None:
         """Raise :class:`InvalidArgumentError` on out-of-range values."""
         if self.precision not in ("auto", "fp32", "int8", "fp16"):
-            raise InvalidArgumentError(f"precision must be auto|fp32|int8|fp16, not {self.precision!r}")
+            raise InvalidArgumentError(
+                f"precision must be auto|fp32|int8|fp16, not {self.precision!r}")
         if self.detector not in ("full", "short"):
             raise InvalidArgumentError(f"detector must be full|short, not {self.detector!r}")
         if not 0.0 < self.det_score_threshold < 1.0:
@@ -153,6 +154,10 @@ class Settings:
             raise InvalidArgumentError("threads must be >= 0")
         if self.max_pixels <= 0 or self.max_bytes <= 0:
             raise InvalidArgumentError("max_pixels and max_bytes must be positive")
+
+
+#: String fields that are keywords, so case does not matter.
+_ENUM_FIELDS = frozenset({"precision", "detector"})
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:
@@ -171,4 +176,6 @@ def _parse(name: str, type_name: str, raw: str) -> Any:
         return int(raw)
     if type_name == "float":
         return float(raw)
-    return raw.strip().lower()
+    if name in _ENUM_FIELDS:
+        return raw.strip().lower()
+    return raw.strip()  # free-form (URLs with passwords, origins): verbatim

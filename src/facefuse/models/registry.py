@@ -62,7 +62,16 @@ def choose_variant(manifest: Manifest, name: str, settings: Settings) -> ModelSp
     FP32 with a logged reason.
     """
     base = manifest.get(name)
-    variants = {m.precision: m for m in manifest.models.values() if m.base == name}
+    variants = {}
+    for m in manifest.models.values():
+        if m.base != name:
+            continue
+        made_from = m.extra.get("base_sha256")
+        if made_from is not None and made_from != base.sha256:
+            log.warning("ignoring %s: made from an older %s (rebuild it with "
+                        "`facefuse models quantize`)", m.name, name)
+            continue
+        variants[m.precision] = m
     want = settings.precision
     if want == "auto":
         want = "fp16" if gpu_requested(settings) else "int8"

@@ -366,16 +366,9 @@ def create_app(
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
-    """Settings for the server from ``FACEFUSE_*``.
-
-    ``FACEFUSE_REDIS_URL`` is passed through verbatim (the generic parser lower-cases
-    strings, which would break a password in the URL).
-    """
-    env = os.environ if env is None else env
-    overrides: dict[str, Any] = {}
-    if "FACEFUSE_REDIS_URL" in env:
-        overrides["redis_url"] = env["FACEFUSE_REDIS_URL"].strip()
-    return Settings.from_env(env, **overrides)
+    """Settings for the server from ``FACEFUSE_*`` (free-form strings such as
+    ``FACEFUSE_REDIS_URL`` are kept verbatim, passwords included)."""
+    return Settings.from_env(os.environ if env is None else env)
 
 
 def limit_malloc_arenas(arenas: int = 2) -> bool:

@@ -1,0 +1,50 @@
+"""Settings from the environment, and precision-variant choice in the registry."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from facefuse.config import Settings
+from facefuse.errors import InvalidArgumentError
+from facefuse.models.manifest import Manifest
+from facefuse.models.registry import choose_variant
+
+
+def test_env_values_are_parsed_and_free_text_kept_verbatim() -> None:
+    s = Settings.from_env({
+        "FACEFUSE_THREADS": "3", "FACEFUSE_PRECISION": "INT8", "FACEFUSE_ATTRIBUTES": "yes",
+        "FACEFUSE_HOME": "/tmp/ff", "FACEFUSE_REDIS_URL": "redis://:PaSs@127.0.0.1:6379/0",
+    })
+    assert s.threads == 3 and s.precision == "int8" and s.attributes is True
+    assert s.home == Path("/tmp/ff") and s.model_dir == Path("/tmp/ff/models")
+    assert s.redis_url == "redis://:PaSs@127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize("env", [
+    {"FACEFUSE_THREADS": "many"}, {"FACEFUSE_PRECISION": "int4"},
+    {"FACEFUSE_ATTRIBUTES": "perhaps"}, {"FACEFUSE_DET_SCORE_THRESHOLD": "1.5"},
+])
+def test_bad_env_values_are_typed_errors(env: dict[str, str]) -> None:
+    with pytest.raises(InvalidArgumentError):
+        Settings.from_env(env)
+
+
+def _with_variant(manifest: Manifest, base_sha: str) -> Manifest:
+    base = manifest.get("dlib_resnet")
+    variant = dataclasses.replace(base, name="dlib_resnet.int8", base="dlib_resnet",
+                                  precision="int8", extra={"base_sha256": base_sha})
+    return Manifest({**manifest.models, variant.name: variant})
+
+
+def test_auto_precision_picks_a_current_int8_variant_and_skips_a_stale_one(
+        model_dir: Path) -> None:
+    manifest = Manifest.load(model_dir)
+    auto = Settings(precision="auto", providers=("cpu",))
+    current = _with_variant(manifest, manifest.get("dlib_resnet").sha256)
+    assert choose_variant(current, "dlib_resnet", auto).precision == "int8"
+    stale = _with_variant(manifest, "0" * 64)
+    assert choose_variant(stale, "dlib_resnet", auto).precision == "fp32"
+    assert choose_variant(current, "dlib_resnet", Settings(precision="fp32")).precision == "fp32"
