@@ -1,6 +1,7 @@
 # facefuse — every target sets itself up from a fresh clone.
-#   make serve   install, build models, start the API   (until the API lands: make demo)
-#   make test    install, build models, run the whole suite
+#   make serve   install, build models, start the API on 127.0.0.1:8000 (in-process caches)
+#   make test    install, build models, fetch samples, run the whole suite
+#   make demo    analyse and fuse the sample photos into ./out/
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +10,7 @@ PIP := $(PY) -m pip
 export FACEFUSE_HOME ?= $(HOME)/.cache/facefuse
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: install models samples setup demo serve test lint bench clean system-deps
+.PHONY: install models samples setup demo serve test lint bench bench-serve quantize clean system-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +49,13 @@ lint: install
 
 bench: setup
 	$(PY) bench/analyse.py
+	$(PY) bench/fuse.py
+
+bench-serve: setup
+	$(PY) bench/serve.py
+
+quantize: setup
+	$(VENV)/bin/facefuse models quantize --benchmarks BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache
