@@ -194,3 +194,18 @@ class CacheUnavailableError(FacefuseError):
     code = "cache_unavailable"
     http_status = 503
     exit_code = 7
+
+
+class BadRequestError(InvalidArgumentError):
+    """The body cannot be parsed at all (malformed JSON or multipart)."""
+
+    code = "bad_request"
+    http_status = 400
+
+
+class UnsupportedMediaTypeError(FacefuseError):
+    """The request body is neither multipart/form-data nor JSON."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+    exit_code = 2

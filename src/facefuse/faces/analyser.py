@@ -27,6 +27,20 @@ CHIP_SIZE = 150
 CHIP_PADDING = 0.25
 
 
+def make_face(det: Detection, landmarks: np.ndarray, presence: float) -> Face:
+    """The Face record of one meshed detection: (478, 3) landmarks → five points
+    and the dlib chip transform; no embedding yet."""
+    return Face(
+        bbox=det.bbox.astype(np.float32),
+        score=float(det.score),
+        keypoints=det.keypoints.astype(np.float32),
+        landmarks=landmarks.astype(np.float32),
+        landmarks5=landmarks[list(MESH_FIVE_POINTS), :2].astype(np.float32),
+        chip_transform=dlib_chip_transform(landmarks, size=CHIP_SIZE, padding=CHIP_PADDING),
+        mesh_score=float(presence),
+    )
+
+
 @dataclass
 class StageTimer:
     """Accumulates wall time per named stage, in milliseconds."""
@@ -102,16 +116,7 @@ class FaceAnalyser:
     def face_from_detection(self, rgb: np.ndarray, det: Detection) -> Face:
         """Mesh, five points and chip transform for one detection (no embedding)."""
         landmarks, presence = self.mesh.landmarks(rgb, det)
-        five = landmarks[list(MESH_FIVE_POINTS), :2].astype(np.float32)
-        return Face(
-            bbox=det.bbox.astype(np.float32),
-            score=float(det.score),
-            keypoints=det.keypoints.astype(np.float32),
-            landmarks=landmarks.astype(np.float32),
-            landmarks5=five,
-            chip_transform=dlib_chip_transform(landmarks, size=CHIP_SIZE, padding=CHIP_PADDING),
-            mesh_score=float(presence),
-        )
+        return make_face(det, landmarks, presence)
 
     def chips(self, rgb: np.ndarray, faces: Iterable[Face]) -> np.ndarray:
         """Aligned 150×150 RGB chips, (N, 150, 150, 3) uint8."""

@@ -21,7 +21,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from facefuse.errors import FacefuseError, InvalidArgumentError
+from facefuse.errors import (
+    BadRequestError,
+    InvalidArgumentError,
+    UnsupportedMediaTypeError,
+)
 
 __all__ = ["BadRequestError", "UnsupportedMediaTypeError", "read_request", "validate_params"]
 
@@ -29,21 +33,6 @@ P = TypeVar("P", bound=BaseModel)
 
 #: Most multipart parts accepted (files + fields).
 MAX_PARTS = 32
-
-
-class BadRequestError(InvalidArgumentError):
-    """The body cannot be parsed at all (malformed JSON or multipart)."""
-
-    code = "bad_request"
-    http_status = 400
-
-
-class UnsupportedMediaTypeError(FacefuseError):
-    """The request body is neither multipart/form-data nor JSON."""
-
-    code = "unsupported_media_type"
-    http_status = 415
-    exit_code = 2
 
 
 async def read_request(

@@ -45,10 +45,9 @@ from facefuse.errors import (
     InvalidArgumentError,
     NoFaceError,
 )
-from facefuse.faces.align import dlib_chip_transform
-from facefuse.faces.analyser import CHIP_PADDING, CHIP_SIZE, FaceAnalyser, StageTimer
+from facefuse.faces.analyser import FaceAnalyser, StageTimer, make_face
 from facefuse.faces.recognizer import normalize
-from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
+from facefuse.faces.types import Detection, Face
 from facefuse.fusion.engine import FaceFuser, check_usable
 from facefuse.fusion.quality import cosine
 from facefuse.fusion.types import FuseOptions
@@ -445,7 +444,7 @@ class Pipeline:
         else:
             full = [fm.estimate_iris(m) for m in meshes]
         faces = [
-            _make_face(d, lm, p) for d, lm, p in zip(detections, full, presences, strict=True)
+            make_face(d, lm, p) for d, lm, p in zip(detections, full, presences, strict=True)
         ]
         ctx.timer.add(stage, t)
         return faces
@@ -538,17 +537,3 @@ class Pipeline:
         if not faces or faces[0].embedding is None:
             return None
         return cosine(faces[0].embedding, source_face.embedding)
-
-
-def _make_face(det: Detection, landmarks: np.ndarray, presence: float) -> Face:
-    """The Face record of one meshed detection (as ``FaceAnalyser.face_from_detection``)."""
-    five = landmarks[list(MESH_FIVE_POINTS), :2].astype(np.float32)
-    return Face(
-        bbox=det.bbox.astype(np.float32),
-        score=float(det.score),
-        keypoints=det.keypoints.astype(np.float32),
-        landmarks=landmarks.astype(np.float32),
-        landmarks5=five,
-        chip_transform=dlib_chip_transform(landmarks, size=CHIP_SIZE, padding=CHIP_PADDING),
-        mesh_score=float(presence),
-    )
