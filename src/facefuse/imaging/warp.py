@@ -23,7 +23,6 @@ difference of the two gradients times that distance.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from typing import Any, Final
 
 import cv2

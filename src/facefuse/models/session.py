@@ -57,7 +57,8 @@ def resolve_providers(settings: Settings) -> list[str | tuple[str, dict[str, Any
 
 def session_options(settings: Settings, optimized_path: Path | None = None) -> ort.SessionOptions:
     """SessionOptions tuned for low memory: sequential execution, CPU arena on,
-    memory pattern off, full graph optimisation, ``settings.threads`` intra-op."""
+    memory pattern off, full graph optimisation, ``settings.threads`` intra-op
+    workers that do not spin."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = settings.threads
     so.inter_op_num_threads = 1
@@ -66,6 +67,10 @@ def session_options(settings: Settings, optimized_path: Path | None = None) -> o
     so.enable_mem_pattern = False
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
+    # Idle intra-op workers sleep instead of spinning: our model calls are short and
+    # interleaved with OpenCV work that needs the same cores. Measured on 2 cores,
+    # 2 threads: 59 ms per analysis with spinning, 26 ms without (1 thread: 31 ms).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized_path is not None:
         optimized_path.parent.mkdir(parents=True, exist_ok=True)
         so.optimized_model_filepath = str(optimized_path)
