@@ -41,6 +41,12 @@ EYE_INNER = (133, 362)
 EYE_LID_IMAGE_LEFT = (159, 145)
 EYE_LID_IMAGE_RIGHT = (386, 374)
 
+#: Mouth corners and jaw line: where the lower face is anchored when the jaw's
+#: opening (expression) must stay the target's.
+LOWER_FACE_ANCHORS: tuple[int, ...] = (
+    61, 291, 152, 148, 176, 149, 150, 136, 172, 58, 377, 400, 378, 379, 365, 397, 288,
+)
+
 #: Points that move little with expression: used to fit head pose and to bring
 #: one face's mesh into another's pose (eye corners, nose bridge and tip,
 #: temples, upper face oval).

@@ -158,6 +158,35 @@ def align_to(source: np.ndarray, target: np.ndarray) -> np.ndarray:
     return sim.apply(np.asarray(source[:n], np.float64))
 
 
+#: Width of the halo around an expression region, as a fraction of its corner span.
+REGION_HALO = 0.35
+#: Re-fit the source lower face to the target jaw (see :func:`align_lower_face`).
+LOWER_FACE_REFIT = True
+
+
+def align_lower_face(aligned: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Re-fit the lower face of an aligned source mesh to the target's jaw.
+
+    How far the jaw drops is expression, not identity: an affine map fitted on
+    the mouth corners and the jaw line takes the (already pose-aligned) source's
+    lower face onto the target's, so an open target mouth is not pulled shut by a
+    closed source. The fit blends in from the nose base down to the upper lip.
+    Returns (N, 3).
+    """
+    idx = list(topo.LOWER_FACE_ANCHORS)
+    src2 = np.c_[aligned[idx, :2], np.ones(len(idx))]
+    A, *_ = np.linalg.lstsq(src2, target[idx, :2], rcond=None)  # (3, 2)
+    lower = aligned.copy()
+    lower[:, :2] = np.c_[aligned[:, :2], np.ones(len(aligned))] @ A
+    up = target[topo.FOREHEAD, :2] - target[topo.CHIN, :2]
+    up = up / max(1e-6, float(np.linalg.norm(up)))
+    h = target[: len(aligned), :2] @ up
+    top, bottom = float(target[topo.NOSE_BASE, :2] @ up), float(target[0, :2] @ up)
+    w = np.clip((top - h) / max(1e-6, top - bottom), 0.0, 1.0)[:, None]
+    out: np.ndarray = (1.0 - w) * aligned + w * lower
+    return out
+
+
 def fused_shape(
     source: np.ndarray, target: np.ndarray, weight: float, *, outline: float = 0.0
 ) -> np.ndarray:
@@ -174,6 +203,8 @@ def fused_shape(
     if weight <= 0.0:
         return tgt.copy()
     src = align_to(source, tgt)
+    if LOWER_FACE_REFIT:
+        src = align_lower_face(src, tgt)
     n = len(src)
     per_point = np.full((n, 1), weight)
     per_point[list(topo.FACE_OVAL)] = weight * outline
@@ -183,6 +214,13 @@ def fused_shape(
         full = similarity_transform(tgt[list(anchors), :2], src[list(anchors), :2])
         # Interpolate the region's similarity between identity and the full fit.
         M = (1.0 - weight) * np.array([[1.0, 0, 0], [0, 1.0, 0]]) + weight * full
-        pts = tgt[idx, :2]
-        out[idx, :2] = pts @ M[:, :2].T + M[:, 2]
+        rigid = tgt[:n, :2] @ M[:, :2].T + M[:, 2]
+        # Inside the region: rigid. Around it, a halo fading to the free motion, so
+        # skin next to the lips or lids cannot cross their contour and fold the mesh.
+        span = float(np.linalg.norm(tgt[anchors[0], :2] - tgt[anchors[1], :2]))
+        dist = np.min(np.linalg.norm(tgt[:n, None, :2] - tgt[None, idx, :2], axis=2), axis=1)
+        w = np.clip(1.0 - dist / max(1e-6, REGION_HALO * span), 0.0, 1.0)
+        w[idx] = 1.0
+        w[list(topo.FACE_OVAL)] = 0.0
+        out[:, :2] = w[:, None] * rigid + (1.0 - w[:, None]) * out[:, :2]
     return out

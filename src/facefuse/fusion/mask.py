@@ -17,6 +17,8 @@ Region = tuple[int, int, int, int]
 
 #: Feather width as a fraction of the outer-eye-corner distance.
 FEATHER_FRACTION = 0.18
+#: Share of the forehead (brow line to the oval's top) that the blend replaces.
+FOREHEAD_KEEP = 0.75
 #: Mouth openness (inner-lip gap / width) above which the target's mouth interior is kept.
 MOUTH_OPEN_THRESHOLD = 0.08
 
@@ -41,16 +43,40 @@ def feather_px(landmarks: np.ndarray) -> float:
     return max(2.0, FEATHER_FRACTION * eye_distance(landmarks))
 
 
-def _draw(
-    landmarks: np.ndarray, idx: tuple[int, ...], region: Region, pad: int
-) -> np.ndarray:
-    """Filled anti-aliased polygon (uint8 0/255) on the region grown by ``pad`` pixels."""
+def blend_outline(landmarks: np.ndarray, keep_forehead: float = FOREHEAD_KEEP) -> np.ndarray:
+    """The face-oval polygon (K, 2) used for blending, in pixels.
+
+    Oval points above the brows are pulled toward the brow line so only
+    ``keep_forehead`` of the forehead height is replaced: a source's fringe or
+    hairline (common on foreheads) never lands on the target's skin.
+    """
+    pts = landmarks[list(topo.FACE_OVAL), :2].astype(np.float64)
+    brows = landmarks[list(topo.BROW_IMAGE_LEFT + topo.BROW_IMAGE_RIGHT), :2].astype(np.float64)
+    up = landmarks[topo.FOREHEAD, :2] - landmarks[topo.CHIN, :2]
+    up = up / max(1e-6, float(np.linalg.norm(up)))
+    brow_level = float((brows @ up).max())
+    height = pts @ up - brow_level
+    above = height > 0
+    pts[above] -= np.outer(height[above] * (1.0 - keep_forehead), up)
+    return pts
+
+
+def _draw_points(points: np.ndarray, region: Region, pad: int) -> np.ndarray:
+    """Filled anti-aliased polygon (uint8 0/255) of ``points`` (K, 2) on the region
+    grown by ``pad`` pixels."""
     x0, y0, x1, y1 = region
     canvas = np.zeros((y1 - y0 + 2 * pad, x1 - x0 + 2 * pad), np.uint8)
     offset = np.array([x0 - pad, y0 - pad], np.float64)
-    pts = np.round((landmarks[list(idx), :2] - offset) * 4).astype(np.int32)
+    pts = np.round((points - offset) * 4).astype(np.int32)
     cv2.fillPoly(canvas, [pts], 255, lineType=cv2.LINE_AA, shift=2)
     return canvas
+
+
+def _draw(
+    landmarks: np.ndarray, idx: tuple[int, ...], region: Region, pad: int
+) -> np.ndarray:
+    """Filled anti-aliased polygon of mesh points ``idx`` (see :func:`_draw_points`)."""
+    return _draw_points(landmarks[list(idx), :2], region, pad)
 
 
 def _soften(canvas: np.ndarray, erode_px: float, sigma: float, pad: int) -> np.ndarray:
@@ -79,7 +105,7 @@ def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = Non
     """
     f = feather if feather is not None else feather_px(landmarks)
     pad = int(np.ceil(2 * f)) + 2
-    canvas = _draw(landmarks, topo.FACE_OVAL, region, pad)
+    canvas = _draw_points(blend_outline(landmarks), region, pad)
     return _soften(canvas, 0.5 * f, max(0.8, f / 2.5), pad)
 
 

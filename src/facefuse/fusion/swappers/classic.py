@@ -25,12 +25,12 @@ from facefuse.imaging.color import match_sharpness
 from facefuse.imaging.warp import delaunay, piecewise_affine_maps, remap_region
 
 #: Lighting-transfer blur as a fraction of the outer-eye-corner distance.
-LIGHTING_SIGMA_FRACTION = 0.12
+LIGHTING_SIGMA_FRACTION = 0.2
 MESH_POINTS = 468
 #: Share of the target's own eye openings (lids, sclera, iris) kept in the layer:
 #: the lids are expression, and the source's lid texture squeezed into the target's
 #: lid shape reads as a different openness.
-EYE_KEEP = 0.6
+EYE_KEEP = 0.4
 
 
 #: Faces whose outer eye corners are further apart than this (pixels) are
