@@ -56,14 +56,15 @@ def resolve_providers(settings: Settings) -> list[str | tuple[str, dict[str, Any
 
 
 def session_options(settings: Settings, optimized_path: Path | None = None) -> ort.SessionOptions:
-    """SessionOptions tuned for low memory: sequential execution, CPU arena on,
+    """SessionOptions tuned for low memory: sequential execution, CPU arena per
+    ``settings.ort_cpu_arena`` (on by default),
     memory pattern off, full graph optimisation, ``settings.threads`` intra-op
     workers that do not spin."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = settings.threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.enable_cpu_mem_arena = True
+    so.enable_cpu_mem_arena = settings.ort_cpu_arena
     so.enable_mem_pattern = False
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
