@@ -168,11 +168,14 @@ class FaceFuser:
         src_decoded = [self.analyser.decode(s) for s in sources]
         tgt_rgb = self.analyser.decode(target)
         t = timer.add("decode", t)
-        cands = [(rgb, self.analyser.analyse(rgb, timer=None)) for rgb in src_decoded]
+        # Identity vectors are only needed to report quality, to pick the reference
+        # face, or to feed a neural swapper: the classic geometry needs none.
+        embed = options.evaluate or options.mode == "reference" or options.swapper != "classic"
+        cands = [(rgb, self.analyser.analyse(rgb, embed=embed)) for rgb in src_decoded]
         t = timer.add("analyse_source", t)
         _, src_rgb, src_face, notes = self.pick_source(cands)
         check_usable(src_face, "source")
-        tgt_faces = self.analyser.analyse(tgt_rgb)
+        tgt_faces = self.analyser.analyse(tgt_rgb, embed=embed)
         ref_face = None
         if reference is not None:
             ref_faces = self.analyser.analyse(reference)
