@@ -136,17 +136,19 @@ def expression_regions(landmarks: np.ndarray) -> list[tuple[tuple[int, ...], tup
 def points_inside(landmarks: np.ndarray, contour: tuple[int, ...]) -> tuple[int, ...]:
     """Mesh indices (of the 468 face points) strictly inside the polygon ``contour``:
     the lips have middle rings between the outer and inner contours, and they
-    must move with the region or the mesh folds."""
-    import cv2
-
-    poly = landmarks[list(contour), :2].astype(np.float32).reshape(-1, 1, 2)
-    skip = set(contour)
+    must move with the region or the mesh folds. (Even-odd ray casting, vectorised.)"""
     n = min(len(landmarks), 468)
-    return tuple(
-        i for i in range(n)
-        if i not in skip
-        and cv2.pointPolygonTest(poly, (float(landmarks[i, 0]), float(landmarks[i, 1])), False) > 0
-    )
+    poly = landmarks[list(contour), :2].astype(np.float64)
+    a, b = poly, np.roll(poly, -1, axis=0)
+    x = landmarks[:n, 0:1].astype(np.float64)
+    y = landmarks[:n, 1:2].astype(np.float64)
+    crosses = (a[None, :, 1] > y) != (b[None, :, 1] > y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x_at = a[None, :, 0] + (y - a[None, :, 1]) * (b[None, :, 0] - a[None, :, 0]) / (
+            b[None, :, 1] - a[None, :, 1])
+    inside = np.count_nonzero(crosses & (x < x_at), axis=1) % 2 == 1
+    inside[list(contour)] = False
+    return tuple(int(i) for i in np.flatnonzero(inside))
 
 
 def align_to(source: np.ndarray, target: np.ndarray) -> np.ndarray:
