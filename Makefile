@@ -50,6 +50,7 @@ lint: install
 bench: setup
 	$(PY) bench/analyse.py
 	$(PY) bench/fuse.py
+	$(PY) bench/fuse_quality.py
 
 bench-serve: setup
 	$(PY) bench/serve.py
