@@ -217,3 +217,38 @@ def test_profile_faces_are_refused_with_a_typed_error(analysed) -> None:  # type
     with pytest.raises(FaceProfileError) as exc:
         check_usable(turned, "target")
     assert exc.value.code == "target_face_profile"
+
+
+def test_cli_fuse_writes_output_report_and_sheet(sample_paths, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from facefuse.cli import main as cli_main
+    from facefuse.imaging.decode import decode_image
+
+    out, report, sheet = tmp_path / "out.png", tmp_path / "r.json", tmp_path / "sheet.png"
+    rc = cli_main(["fuse", str(sample_paths["obama"]), str(sample_paths["astronaut"]),
+                   "-o", str(out), "--degree", "70", "--report", str(report),
+                   "--contact-sheet", str(sheet)])
+    assert rc == 0
+    fused = decode_image(out)
+    assert fused.shape == decode_image(sample_paths["astronaut"]).shape
+    body = json.loads(report.read_text())
+    q = body["fused_faces"][0]["quality"]
+    assert q["id_sim_source"] > 0.8 and "seam_ratio" in q
+    assert decode_image(sheet).shape[1] > 4 * 300  # source, target and three degrees
+
+
+def test_cli_fuse_errors_have_stable_exit_codes(sample_paths, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from facefuse.cli import main as cli_main
+
+    wall = tmp_path / "wall.png"
+    import cv2
+
+    cv2.imwrite(str(wall), np.full((200, 200, 3), 128, np.uint8))
+    rc = cli_main(["fuse", str(wall), str(sample_paths["biden"]), "-o", str(tmp_path / "o.jpg")])
+    assert rc == 4
+    assert "error[source_no_face]" in capsys.readouterr().err
+    rc = cli_main(["fuse", str(sample_paths["biden"]), str(sample_paths["obama"]),
+                   "-o", str(tmp_path / "o.jpg"), "--degree", "1000"])
+    assert rc == 2
+    assert "error[invalid_degree]" in capsys.readouterr().err
