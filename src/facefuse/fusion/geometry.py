@@ -162,8 +162,6 @@ def align_to(source: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 #: Width of the halo around an expression region, as a fraction of its corner span.
 REGION_HALO = 0.35
-#: Re-fit the source lower face to the target jaw (see :func:`align_lower_face`).
-LOWER_FACE_REFIT = True
 
 
 def align_lower_face(aligned: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -204,9 +202,7 @@ def fused_shape(
     tgt = np.asarray(target, np.float64)
     if weight <= 0.0:
         return tgt.copy()
-    src = align_to(source, tgt)
-    if LOWER_FACE_REFIT:
-        src = align_lower_face(src, tgt)
+    src = align_lower_face(align_to(source, tgt), tgt)
     n = len(src)
     per_point = np.full((n, 1), weight)
     per_point[list(topo.FACE_OVAL)] = weight * outline
@@ -214,6 +210,14 @@ def fused_shape(
     for region, anchors in expression_regions(tgt):
         idx = [i for i in region if i < n]
         full = similarity_transform(tgt[list(anchors), :2], src[list(anchors), :2])
+        if anchors == topo.MOUTH_CORNERS:
+            # The mouth keeps the target's size too: an open smile shrunk to a closed
+            # source mouth's width reads as a different expression. Rotation and
+            # position still come from the fit.
+            lin = full[:, :2]
+            scale = float(np.sqrt(abs(np.linalg.det(lin))))
+            centre = tgt[list(anchors), :2].mean(0)
+            full = np.c_[lin / scale, full[:, :2] @ centre + full[:, 2] - (lin / scale) @ centre]
         # Interpolate the region's similarity between identity and the full fit.
         M = (1.0 - weight) * np.array([[1.0, 0, 0], [0, 1.0, 0]]) + weight * full
         rigid = tgt[:n, :2] @ M[:, :2].T + M[:, 2]
