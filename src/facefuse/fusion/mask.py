@@ -19,6 +19,9 @@ Region = tuple[int, int, int, int]
 FEATHER_FRACTION = 0.18
 #: Share of the forehead (brow line to the oval's top) that the blend replaces.
 FOREHEAD_KEEP = 0.75
+#: How far (in feather widths) the blend edge sits inside the face oval: the
+#: source's own cheek and jaw shading at its outline stays out of the blend.
+OVAL_INSET = 0.5
 #: Mouth openness (inner-lip gap / width) above which the target's mouth interior is kept.
 MOUTH_OPEN_THRESHOLD = 0.08
 
@@ -106,7 +109,7 @@ def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = Non
     f = feather if feather is not None else feather_px(landmarks)
     pad = int(np.ceil(2 * f)) + 2
     canvas = _draw_points(blend_outline(landmarks), region, pad)
-    return _soften(canvas, 0.5 * f, max(0.8, f / 2.5), pad)
+    return _soften(canvas, OVAL_INSET * f, max(0.8, f / 2.5), pad)
 
 
 def mouth_interior_mask(
