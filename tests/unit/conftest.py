@@ -23,3 +23,9 @@ def full_detector(registry: ModelRegistry) -> FaceDetector:
     """The default full-range detector as the analyser builds it."""
     return FaceDetector(registry.get("blazeface_full"), score_threshold=0.5, nms_iou=0.3,
                         tile_above=1280, variant="full")
+
+
+@pytest.fixture(scope="session")
+def analysed_faces(analyser: Any, sample_images: dict[str, Any]) -> dict[str, Any]:
+    """name -> the largest analysed Face of each sample photo."""
+    return {n: analyser.analyse(img)[0] for n, img in sample_images.items()}

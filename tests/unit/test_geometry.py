@@ -1,0 +1,90 @@
+"""Property tests for the fusion geometry (similarities, angles, polygons, fused shape)."""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from facefuse.faces import topology as topo
+from facefuse.fusion.geometry import (
+    euler_angles,
+    fit_similarity_3d,
+    fused_shape,
+    openness,
+    points_inside,
+    relative_pose,
+)
+
+
+def rotation(yaw: float, pitch: float, roll: float) -> np.ndarray:
+    """R = Rz(roll) · Ry(yaw) · Rx(pitch), degrees."""
+    y, p, r = (math.radians(v) for v in (yaw, pitch, roll))
+    rx = np.array([[1, 0, 0], [0, math.cos(p), -math.sin(p)], [0, math.sin(p), math.cos(p)]])
+    ry = np.array([[math.cos(y), 0, math.sin(y)], [0, 1, 0], [-math.sin(y), 0, math.cos(y)]])
+    rz = np.array([[math.cos(r), -math.sin(r), 0], [math.sin(r), math.cos(r), 0], [0, 0, 1]])
+    return rz @ ry @ rx
+
+
+angles = st.floats(-60, 60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(yaw=angles, pitch=angles, roll=angles, scale=st.floats(0.2, 5.0),
+       seed=st.integers(0, 2**31 - 1))
+def test_similarity_fit_recovers_a_known_transform(yaw: float, pitch: float, roll: float,
+                                                   scale: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    src = rng.normal(size=(40, 3)) * 50
+    R = rotation(yaw, pitch, roll)
+    t = rng.normal(size=3) * 100
+    dst = scale * src @ R.T + t
+    sim = fit_similarity_3d(src, dst)
+    assert np.allclose(sim.apply(src), dst, atol=1e-6 * scale * 100)
+    assert math.isclose(sim.scale, scale, rel_tol=1e-6)
+    got = euler_angles(sim.R)
+    assert np.allclose(got, (yaw, pitch, roll), atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(3, 12))
+def test_points_inside_matches_opencv(seed: int, n: int) -> None:
+    rng = np.random.default_rng(seed)
+    # A star-shaped polygon (no self-intersections) and random points around it.
+    ang = np.sort(rng.uniform(0, 2 * np.pi, n))
+    rad = rng.uniform(20, 60, n)
+    poly = np.c_[100 + rad * np.cos(ang), 100 + rad * np.sin(ang)]
+    pts = rng.uniform(20, 180, (468, 2))
+    lm = np.zeros((468, 3))
+    lm[:, :2] = pts
+    contour = tuple(range(n))
+    lm[:n, :2] = poly
+    got = set(points_inside(lm, contour))
+    cv_poly = poly.astype(np.float32).reshape(-1, 1, 2)
+    for i in range(n, 468):
+        d = cv2.pointPolygonTest(cv_poly, (float(pts[i, 0]), float(pts[i, 1])), True)
+        if abs(d) > 1e-3:  # points on an edge may go either way
+            assert (i in got) == (d > 0), (i, d)
+
+
+def test_fused_shape_endpoints_and_expression(analysed_faces) -> None:  # type: ignore[no-untyped-def]
+    src, tgt = analysed_faces["obama"].landmarks, analysed_faces["astronaut"].landmarks
+    assert np.array_equal(fused_shape(src, tgt, 0.0), tgt.astype(np.float64))
+    full = fused_shape(src, tgt, 1.0)
+    # Openness is similarity-invariant and the eye/lip regions move rigidly.
+    for k, v in openness(tgt).items():
+        assert math.isclose(openness(full)[k], v, abs_tol=1e-6), k
+    # The outline stays where the target's is.
+    assert np.allclose(full[list(topo.FACE_OVAL), :2], tgt[list(topo.FACE_OVAL), :2])
+    # Pose (fitted on the stable points) stays the target's within a few degrees.
+    assert max(abs(a) for a in relative_pose(tgt, full)) < 3.0
+
+
+def test_relative_pose_of_a_rotated_mesh(analysed_faces) -> None:  # type: ignore[no-untyped-def]
+    lm = analysed_faces["obama"].landmarks.astype(np.float64)
+    c = lm.mean(0)
+    turned = (lm - c) @ rotation(20, -10, 5).T + c
+    assert np.allclose(relative_pose(lm, turned), (20, -10, 5), atol=1e-6)
