@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 import statistics
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from facefuse import reporting
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -62,14 +63,8 @@ def write_json(name: str, data: dict[str, Any]) -> Path:
 
 
 def write_section(name: str, markdown: str) -> None:
-    """Replace (or append) the ``<!-- name:begin -->`` … ``<!-- name:end -->`` block."""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    block = f"{begin}\n{markdown.rstrip()}\n{end}"
-    text = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else (
-        text.rstrip() + "\n\n" + block + "\n")
-    BENCHMARKS.write_text(text)
+    """Replace (or append) section ``name`` of BENCHMARKS.md."""
+    reporting.write_section(BENCHMARKS, name, markdown)
 
 
 def machine_line(m: dict[str, Any]) -> str:

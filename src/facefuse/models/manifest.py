@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from facefuse.errors import ModelCorruptError, ModelMissingError
+from facefuse.reporting import atomic_write_text
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
@@ -146,11 +145,7 @@ class Manifest:
             "models": {name: spec.to_json() for name, spec in sorted(self.models.items())},
         }
         path = models_dir / MANIFEST_NAME
-        fd, tmp = tempfile.mkstemp(dir=models_dir, prefix=".manifest.", suffix=".json")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(body, fh, indent=2, sort_keys=False)
-            fh.write("\n")
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(body, indent=2) + "\n")
         return path
 
     def get(self, name: str) -> ModelSpec:

@@ -147,14 +147,3 @@ class ClassicSwapper:
         alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, frame, feather)
         face = target_layer + alpha[..., None] * (source_layer - target_layer)
         return face, mask
-
-
-def layer_bounds(layer: FaceLayer) -> tuple[int, int, int, int]:
-    """Tight bounding box (in image pixels) of the non-zero part of a layer's mask."""
-    ys, xs = np.nonzero(layer.mask > 0)
-    x0, y0 = layer.region[:2]
-    if len(xs) == 0:
-        return x0, y0, x0, y0
-    return x0 + int(xs.min()), y0 + int(ys.min()), x0 + int(xs.max()) + 1, y0 + int(ys.max()) + 1
-
-

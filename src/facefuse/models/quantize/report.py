@@ -8,14 +8,14 @@ without the markers gets the section appended.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-BEGIN = "<!-- quantization:begin -->"
-END = "<!-- quantization:end -->"
+from facefuse.reporting import atomic_write_text, section_markers, splice_section, write_section
+
+SECTION = "quantization"
+BEGIN, END = section_markers(SECTION)
 
 
 def _mb(n: float | None) -> str:
@@ -153,25 +153,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def splice(document: str, section: str) -> str:
-    """``document`` with the text between the markers replaced by ``section``
-    (markers added, at the end, when missing)."""
-    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
-    start = document.find(BEGIN)
-    end = document.find(END)
-    if start != -1 and end > start:
-        return document[:start] + block + document[end + len(END):]
-    sep = "" if not document or document.endswith("\n\n") else (
-        "\n" if document.endswith("\n") else "\n\n")
-    return f"{document}{sep}{block}\n"
+    """``document`` with the quantization section replaced by ``section``."""
+    return splice_section(document, SECTION, section)
 
 
 def write_report(report: Mapping[str, Any], report_dir: Path,
@@ -181,18 +165,15 @@ def write_report(report: Mapping[str, Any], report_dir: Path,
     headed by ``machine``)."""
     written = []
     js = report_dir / "quantization.json"
-    _atomic_write(js, json.dumps(report, indent=2, default=str) + "\n")
+    atomic_write_text(js, json.dumps(report, indent=2, default=str) + "\n")
     md = report_dir / "quantization.md"
     text = markdown(report)
-    _atomic_write(md, text)
+    atomic_write_text(md, text)
     written += [js, md]
     if benchmarks is not None:
-        if benchmarks.is_file():
-            doc = benchmarks.read_text()
-        else:
-            doc = "# Benchmarks\n\n"
-            if machine:
-                doc += f"Machine (`lscpu | head -20`):\n\n```\n{machine.rstrip()}\n```\n\n"
-        _atomic_write(benchmarks, splice(doc, text))
+        new_doc = "# Benchmarks\n\n"
+        if machine:
+            new_doc += f"Machine (`lscpu | head -20`):\n\n```\n{machine.rstrip()}\n```\n\n"
+        write_section(benchmarks, SECTION, text, new_document=new_doc)
         written.append(benchmarks)
     return written
