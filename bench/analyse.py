@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.imaging.decode import decode_image
-from facefuse.samples import SAMPLES, fetch_samples, identity_of
-from facefuse.sources import DLIB_MODELS, materialise
+from facefuse.toolchain.samples import SAMPLES, fetch_samples, identity_of
+from facefuse.toolchain.sources import DLIB_MODELS, materialise
 from report import machine, machine_line, median_ms, write_json, write_section
 
 

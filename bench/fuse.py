@@ -27,7 +27,7 @@ from facefuse.errors import FacefuseError
 from facefuse.fusion.engine import FaceFuser, check_usable
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
-from facefuse.samples import fetch_samples
+from facefuse.toolchain.samples import fetch_samples
 from report import machine, machine_line, median_ms, write_json, write_section
 
 SIZES = (512, 1024, 2048, 4096)

@@ -24,7 +24,7 @@ from facefuse.config import Settings
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
-from facefuse.samples import SAMPLES, fetch_samples, identity_of
+from facefuse.toolchain.samples import SAMPLES, fetch_samples, identity_of
 from report import machine, machine_line, write_json, write_section
 
 DEGREES = (0, 25, 50, 75, 100)

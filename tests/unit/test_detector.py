@@ -24,7 +24,7 @@ from facefuse.faces.detector import (
     weighted_nms,
 )
 from facefuse.faces.types import Detection
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 
 PORTRAITS = ("obama", "obama2", "obama3", "biden", "astronaut")
 #: The astronaut's round mission patch (x0, y0, x1, y1), pixels of the 512×512 photo.

@@ -19,7 +19,7 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.types import FuseOptions, FusionResult
-from facefuse.samples import SAMPLES, identity_of
+from facefuse.toolchain.samples import SAMPLES, identity_of
 
 DEGREES = (0, 25, 50, 75, 100)
 PAIRS = [(s, t) for s, t in itertools.permutations(SAMPLES, 2)

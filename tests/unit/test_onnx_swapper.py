@@ -42,7 +42,7 @@ from facefuse.fusion.swappers.onnx import (
     template_points,
 )
 from facefuse.fusion.types import FuseOptions
-from facefuse.models.manifest import (
+from facefuse.runtime.manifest import (
     Manifest,
     ModelSpec,
     Preprocessing,
@@ -50,7 +50,7 @@ from facefuse.models.manifest import (
     TensorSpec,
     sha256_file,
 )
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 
 OPSET = 17
 rng = np.random.default_rng(1234)

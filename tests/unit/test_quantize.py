@@ -13,9 +13,11 @@ import pytest
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.models.manifest import MANIFEST_NAME, Manifest, ModelSpec
-from facefuse.models.quantize import QuantizationGateError, QuantizeOptions
-from facefuse.models.quantize.calibration import (
+from facefuse.runtime.manifest import MANIFEST_NAME, Manifest, ModelSpec
+from facefuse.runtime.registry import ModelRegistry, choose_variant
+from facefuse.runtime.session import create_session, resolve_providers
+from facefuse.toolchain.quantize import QuantizationGateError, QuantizeOptions
+from facefuse.toolchain.quantize.calibration import (
     Augmentation,
     StageData,
     TensorReader,
@@ -25,9 +27,9 @@ from facefuse.models.quantize.calibration import (
     draw_augmentations,
     evaluation_plan,
 )
-from facefuse.models.quantize.evaluate import Evaluator, load_candidate
-from facefuse.models.quantize.fp16 import convert_fp16
-from facefuse.models.quantize.gate import (
+from facefuse.toolchain.quantize.evaluate import Evaluator, load_candidate
+from facefuse.toolchain.quantize.fp16 import convert_fp16
+from facefuse.toolchain.quantize.gate import (
     THRESHOLDS,
     check_detector,
     check_e2e,
@@ -38,10 +40,8 @@ from facefuse.models.quantize.gate import (
     landmark_figures,
     recognizer_figures,
 )
-from facefuse.models.quantize.pipeline import Quantizer, copy_models_dir
-from facefuse.models.quantize.report import BEGIN, END, splice
-from facefuse.models.registry import ModelRegistry, choose_variant
-from facefuse.models.session import create_session, resolve_providers
+from facefuse.toolchain.quantize.pipeline import Quantizer, copy_models_dir
+from facefuse.toolchain.quantize.report import BEGIN, END, splice
 
 #: The FP32 models the analysis pipeline (and so the calibration data) needs.
 PIPELINE_MODELS = ("blazeface_full", "facemesh", "iris", "dlib_resnet")
@@ -181,7 +181,7 @@ def test_fp16_recognizer_runs_on_this_host_and_is_judged(
 def test_cuda_request_falls_back_to_cpu_with_a_logged_reason(
         caplog: pytest.LogCaptureFixture, settings: Settings, model_dir: Path) -> None:
     s = settings.replace(providers=("cuda", "cpu"))
-    with caplog.at_level(logging.WARNING, logger="facefuse.models.session"):
+    with caplog.at_level(logging.WARNING, logger="facefuse.runtime.session"):
         providers = resolve_providers(s)
     if HAS_CUDA:
         assert providers[0] == "CUDAExecutionProvider"
@@ -216,11 +216,11 @@ def test_choose_variant_by_precision_and_device(
     assert choose_variant(both, "dlib_resnet", cpu.replace(precision="fp32")).precision == "fp32"
     # auto without a gated variant: FP32, silently.
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="facefuse.models.registry"):
+    with caplog.at_level(logging.WARNING, logger="facefuse.runtime.registry"):
         assert choose_variant(_variants(base), "dlib_resnet", cpu).precision == "fp32"
     assert not caplog.records
     # An explicit precision with no variant: FP32 with a logged reason.
-    with caplog.at_level(logging.WARNING, logger="facefuse.models.registry"):
+    with caplog.at_level(logging.WARNING, logger="facefuse.runtime.registry"):
         got = choose_variant(_variants(base, "fp16"), "dlib_resnet",
                              cpu.replace(precision="int8"))
     assert got.precision == "fp32"

@@ -21,7 +21,7 @@ from facefuse.faces.landmarker import FaceMesh
 from facefuse.faces.recognizer import Recognizer, normalize
 from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
 from facefuse.imaging.decode import DecodeLimits, ImageInput, decode_image
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 
 CHIP_SIZE = 150
 CHIP_PADDING = 0.25

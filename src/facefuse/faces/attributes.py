@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from facefuse.faces.align import dlib_chip_transform, warp_chip
-from facefuse.models.registry import LoadedModel
+from facefuse.runtime.registry import LoadedModel
 
 
 def _chip_tensor(image: np.ndarray, landmarks: np.ndarray, model: LoadedModel) -> np.ndarray:

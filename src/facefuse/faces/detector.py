@@ -33,7 +33,7 @@ import numpy as np
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.types import Detection
 from facefuse.imaging.checks import require_rgb
-from facefuse.models.registry import LoadedModel
+from facefuse.runtime.registry import LoadedModel
 
 Variant = Literal["full", "short"]
 

@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from facefuse import __version__
 from facefuse.config import Settings
 from facefuse.errors import FacefuseError, InvalidArgumentError, OverloadedError
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.cache import InProcessResultCache, RedisResultCache, ResultCache
 from facefuse.serving.inputs import describe_errors
 from facefuse.serving.logs import configure_logging, request_id_var
@@ -421,7 +421,7 @@ def serve(
 
     import uvicorn
 
-    from facefuse.models.manifest import Manifest
+    from facefuse.runtime.manifest import Manifest
 
     if models_dir:
         os.environ["FACEFUSE_MODELS_DIR"] = str(Path(models_dir).expanduser().resolve())

@@ -53,7 +53,7 @@ from facefuse.fusion.quality import cosine
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import DecodeLimits, decode_image, probe_image
 from facefuse.imaging.encode import content_type, encode_image
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher
 from facefuse.serving.cache import ByteLRU, analysis_key, phash, pixels_sha256
 

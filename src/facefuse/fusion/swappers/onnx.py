@@ -52,8 +52,8 @@ from facefuse.faces.types import Face
 from facefuse.fusion import mask as masks
 from facefuse.fusion.swappers.base import FaceLayer
 from facefuse.fusion.types import FuseOptions
-from facefuse.models.manifest import ModelSpec, sha256_file
-from facefuse.models.registry import LoadedModel, ModelRegistry
+from facefuse.runtime.manifest import ModelSpec, sha256_file
+from facefuse.runtime.registry import LoadedModel, ModelRegistry
 
 #: The manifest task of swap models.
 SWAP_TASK = "swap"

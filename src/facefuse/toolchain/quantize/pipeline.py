@@ -15,7 +15,7 @@
 5. Only variants that passed every gate are written into the manifest as
    ``<model>.int8`` / ``<model>.fp16``; a failure leaves the manifest as it was
    for that model and :meth:`QuantizeOutcome.raise_for_failures` raises
-   :class:`~facefuse.models.quantize.gate.QuantizationGateError` with the figures.
+   :class:`~facefuse.toolchain.quantize.gate.QuantizationGateError` with the figures.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from typing import Any
 
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError, QuantizationGateError
-from facefuse.models.manifest import Manifest, ModelSpec
-from facefuse.models.quantize.calibration import (
+from facefuse.runtime.manifest import Manifest, ModelSpec
+from facefuse.runtime.registry import ModelRegistry
+from facefuse.toolchain.quantize.calibration import (
     MODEL_TASKS,
     StageData,
     build_stage_data,
@@ -44,7 +45,7 @@ from facefuse.models.quantize.calibration import (
     evaluation_plan,
     load_photos,
 )
-from facefuse.models.quantize.evaluate import (
+from facefuse.toolchain.quantize.evaluate import (
     E2E_PAIRS,
     Evaluator,
     OverlayRegistry,
@@ -52,8 +53,8 @@ from facefuse.models.quantize.evaluate import (
     load_candidate,
     variant_spec,
 )
-from facefuse.models.quantize.gate import GateResult
-from facefuse.models.quantize.int8 import (
+from facefuse.toolchain.quantize.gate import GateResult
+from facefuse.toolchain.quantize.int8 import (
     FORMATS,
     METHODS,
     host_info,
@@ -61,7 +62,6 @@ from facefuse.models.quantize.int8 import (
     preprocess,
     quantize_int8,
 )
-from facefuse.models.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ class Quantizer:
         """The calibration and evaluation sets (built from the sample photos unless given)."""
         from facefuse.faces.analyser import FaceAnalyser
         from facefuse.faces.detector import FaceDetector
-        from facefuse.samples import fetch_samples
+        from facefuse.toolchain.samples import fetch_samples
 
         self.photo_paths = fetch_samples(self.settings.samples_dir, self.settings.downloads_dir)
         if self._calibration is not None and self._evaluation is not None:
@@ -312,7 +312,7 @@ class Quantizer:
         """
         import math
 
-        from facefuse.models.quantize.bench import compare_latency
+        from facefuse.toolchain.quantize.bench import compare_latency
 
         task = MODEL_TASKS[name]
         best: dict[str, Candidate] = {}
@@ -359,7 +359,7 @@ class Quantizer:
 
     def fp16_candidate(self, name: str, spec: ModelSpec, evaluator: Evaluator,
                        work: Path) -> Candidate:
-        from facefuse.models.quantize.fp16 import BLOCKLISTS, convert_fp16
+        from facefuse.toolchain.quantize.fp16 import BLOCKLISTS, convert_fp16
 
         dst = work / f"{name}.fp16.onnx"
         try:
@@ -378,7 +378,7 @@ class Quantizer:
     def measure(self, name: str, entry: dict[str, Any], paths: Mapping[str, Path],
                 evaluator: Evaluator) -> None:
         """Latency (batch 1/8 × 1/2 threads, interleaved) and load RSS of each variant."""
-        from facefuse.models.quantize.bench import compare_latency, load_rss
+        from facefuse.toolchain.quantize.bench import compare_latency, load_rss
 
         tensors = evaluator.data.tensors(name)
         lat: dict[str, dict[str, float]] = {k: {} for k in paths}
@@ -399,7 +399,7 @@ class Quantizer:
     def measure_analysis(self, int8: Mapping[str, Path]) -> dict[str, Any]:
         """Whole-analysis median ms per sample photo, FP32 vs INT8 variants, 1 and 2 threads."""
         from facefuse.faces.analyser import FaceAnalyser
-        from facefuse.models.quantize.bench import analysis_latency
+        from facefuse.toolchain.quantize.bench import analysis_latency
 
         images = list(load_photos(self.photo_paths).values())
         out: dict[str, Any] = {}
@@ -562,7 +562,7 @@ class Quantizer:
         report["registered"] = registered
         report["refused"] = [r.summary() for r in refused]
         report_dir = opts.report_dir or (self.settings.home / "reports")
-        from facefuse.models.quantize.report import write_report
+        from facefuse.toolchain.quantize.report import write_report
 
         written = write_report(report, report_dir, opts.benchmarks, machine=report["machine"])
         return QuantizeOutcome(report, registered, refused, written)

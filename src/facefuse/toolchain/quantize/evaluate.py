@@ -18,9 +18,11 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.detector import FaceDetector
 from facefuse.faces.landmarker import project
-from facefuse.models.manifest import ModelSpec, sha256_file
-from facefuse.models.quantize.calibration import MODEL_TASKS, StageData
-from facefuse.models.quantize.gate import (
+from facefuse.runtime.manifest import ModelSpec, sha256_file
+from facefuse.runtime.registry import LoadedModel, ModelRegistry
+from facefuse.runtime.session import create_session
+from facefuse.toolchain.quantize.calibration import MODEL_TASKS, StageData
+from facefuse.toolchain.quantize.gate import (
     THRESHOLDS,
     GateResult,
     Thresholds,
@@ -30,8 +32,6 @@ from facefuse.models.quantize.gate import (
     landmark_figures,
     recognizer_figures,
 )
-from facefuse.models.registry import LoadedModel, ModelRegistry
-from facefuse.models.session import create_session
 
 #: (source, target) sample pairs fused by the end-to-end gate.
 E2E_PAIRS: tuple[tuple[str, str], ...] = (

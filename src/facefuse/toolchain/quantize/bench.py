@@ -4,7 +4,7 @@ Latencies of the models being compared are measured *interleaved* (one run of
 each in turn, repeated), so that load from other processes on a shared
 machine hits every variant alike; the figure is the median.
 
-``python -m facefuse.models.quantize.bench rss MODEL THREADS C H W`` is the
+``python -m facefuse.toolchain.quantize.bench rss MODEL THREADS C H W`` is the
 fresh process in which :func:`load_rss` measures one model.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from facefuse.config import Settings
-from facefuse.models.session import create_session
+from facefuse.runtime.session import create_session
 
 
 def compare_latency(
@@ -84,7 +84,7 @@ def load_rss(model: Path, input_shape: Sequence[int], threads: int = 1,
     ``load`` (RSS growth from creating the session) and ``first_run`` (further
     growth from one batch-1 run: arena, kernels).
     """
-    cmd = [sys.executable, "-m", "facefuse.models.quantize.bench", "rss", str(model),
+    cmd = [sys.executable, "-m", "facefuse.toolchain.quantize.bench", "rss", str(model),
            str(threads), *(str(int(d)) for d in input_shape)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
@@ -149,4 +149,4 @@ if __name__ == "__main__":  # pragma: no cover - exercised through load_rss
     if len(sys.argv) >= 2 and sys.argv[1] == "rss":
         _rss_probe(sys.argv[2:])
     else:
-        sys.exit("usage: python -m facefuse.models.quantize.bench rss MODEL THREADS C H W")
+        sys.exit("usage: python -m facefuse.toolchain.quantize.bench rss MODEL THREADS C H W")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from facefuse.sources import FACE_RECOGNITION_SDIST, SKIMAGE, PinnedDist, materialise
+from facefuse.toolchain.sources import FACE_RECOGNITION_SDIST, SKIMAGE, PinnedDist, materialise
 
 #: sample name -> (dist, member, file name, identity)
 SAMPLES: dict[str, tuple[PinnedDist, str, str, str]] = {

@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from facefuse.reporting import atomic_write_text, section_markers, splice_section, write_section
+from facefuse.toolchain.reporting import (
+    atomic_write_text,
+    section_markers,
+    splice_section,
+    write_section,
+)
 
 SECTION = "quantization"
 BEGIN, END = section_markers(SECTION)

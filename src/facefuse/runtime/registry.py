@@ -18,8 +18,8 @@ import numpy as np
 import onnxruntime as ort
 
 from facefuse.config import Settings
-from facefuse.models.manifest import Manifest, ModelSpec, verify_file
-from facefuse.models.session import create_session
+from facefuse.runtime.manifest import Manifest, ModelSpec, verify_file
+from facefuse.runtime.session import create_session
 
 log = logging.getLogger(__name__)
 

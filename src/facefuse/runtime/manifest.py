@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from facefuse.errors import ModelCorruptError, ModelMissingError
-from facefuse.reporting import atomic_write_text
+from facefuse.toolchain.reporting import atomic_write_text
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1

