@@ -43,9 +43,11 @@ serve: models
 test: setup system-deps
 	$(VENV)/bin/pytest -q
 
+# ruff, mypy --strict, and the import-linter layer contract in pyproject.toml.
 lint: install
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) bench/analyse.py

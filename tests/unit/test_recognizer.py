@@ -13,7 +13,7 @@ from dlib_ref import RESNET_MEMBER, DlibFace, dlib_file, sample_faces
 from facefuse.config import Settings
 from facefuse.errors import BuildError, InvalidArgumentError
 from facefuse.faces.recognizer import Recognizer, cosine_similarity, distance, normalize
-from facefuse.runtime.manifest import sha256_file
+from facefuse.runtime.files import sha256_file
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.build import dlib_resnet
 from facefuse.toolchain.build.dlib_resnet import (

@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 from facefuse.config import Settings
 from facefuse.errors import BuildError
-from facefuse.runtime.manifest import sha256_file
+from facefuse.runtime.files import sha256_file
 from facefuse.toolchain.build.tflite import convert_tflite
 
 CASES = {

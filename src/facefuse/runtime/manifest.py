@@ -7,14 +7,13 @@ source-file sha256, licence and precision.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from facefuse.errors import ModelCorruptError, ModelMissingError
-from facefuse.toolchain.reporting import atomic_write_text
+from facefuse.runtime.files import atomic_write_text, sha256_file
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
@@ -106,15 +105,6 @@ class ModelSpec:
 
 def _triple(v: Any) -> tuple[float, float, float]:
     return float(v[0]), float(v[1]), float(v[2])
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file, streamed."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass

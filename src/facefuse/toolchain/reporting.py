@@ -1,4 +1,4 @@
-"""Writing reports: atomic text files and named sections of BENCHMARKS.md.
+"""Writing reports: named sections of BENCHMARKS.md (written atomically).
 
 Each benchmark owns one block of BENCHMARKS.md between ``<!-- NAME:begin -->``
 and ``<!-- NAME:end -->``; rewriting it keeps every other section.
@@ -6,19 +6,9 @@ and ``<!-- NAME:end -->``; rewriting it keeps every other section.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file and a rename, so readers never
-    see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+from facefuse.runtime.files import atomic_write_text
 
 
 def section_markers(name: str) -> tuple[str, str]:

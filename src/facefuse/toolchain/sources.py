@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facefuse.errors import BuildError, ChecksumError
-from facefuse.runtime.manifest import sha256_file
+from facefuse.runtime.files import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,8 @@ from facefuse.faces.types import Face
 from facefuse.fusion import mask as masks
 from facefuse.fusion.swappers.base import FaceLayer
 from facefuse.fusion.types import FuseOptions
-from facefuse.runtime.manifest import ModelSpec, sha256_file
+from facefuse.runtime.files import sha256_file
+from facefuse.runtime.manifest import ModelSpec
 from facefuse.runtime.registry import LoadedModel, ModelRegistry
 
 #: The manifest task of swap models.

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from facefuse.errors import BuildError
+from facefuse.runtime.files import atomic_write_bytes
 
 OPSET = 17
 IR_VERSION = 8  # the IR version that goes with opset 17; loadable by older runtimes
@@ -586,8 +587,4 @@ def convert_dlib_resnet(dat_path: Path, onnx_path: Path) -> None:
 
     model = build_onnx(read_dlib_resnet(Path(dat_path)))
     onnx.checker.check_model(model, full_check=True)
-    onnx_path = Path(onnx_path)
-    onnx_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = onnx_path.with_name(onnx_path.name + ".tmp")
-    tmp.write_bytes(model.SerializeToString())
-    tmp.replace(onnx_path)
+    atomic_write_bytes(Path(onnx_path), model.SerializeToString(), mode=0o644)

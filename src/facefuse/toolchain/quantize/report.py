@@ -12,12 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from facefuse.toolchain.reporting import (
-    atomic_write_text,
-    section_markers,
-    splice_section,
-    write_section,
-)
+from facefuse.runtime.files import atomic_write_text
+from facefuse.toolchain.reporting import section_markers, splice_section, write_section
 
 SECTION = "quantization"
 BEGIN, END = section_markers(SECTION)
