@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from facefuse.config import Settings
+from facefuse.faces.analyser import FaceAnalyser
+from facefuse.fusion.engine import FaceFuser
 from facefuse.runtime.registry import ModelRegistry
 
 
@@ -52,7 +54,10 @@ def registry(settings: Settings, model_dir: Path) -> ModelRegistry:
 
 
 @pytest.fixture(scope="session")
-def analyser(settings: Settings, registry: ModelRegistry):  # type: ignore[no-untyped-def]
-    from facefuse.faces.analyser import FaceAnalyser
-
+def analyser(settings: Settings, registry: ModelRegistry) -> FaceAnalyser:
     return FaceAnalyser(settings, registry)
+
+
+@pytest.fixture(scope="session")
+def fuser(settings: Settings, analyser: FaceAnalyser) -> FaceFuser:
+    return FaceFuser(settings, analyser)

@@ -40,11 +40,6 @@ class PairRun:
 
 
 @pytest.fixture(scope="module")
-def fuser(settings, analyser: FaceAnalyser) -> FaceFuser:  # type: ignore[no-untyped-def]
-    return FaceFuser(settings, analyser)
-
-
-@pytest.fixture(scope="module")
 def analysed(analyser: FaceAnalyser, sample_images) -> dict[str, list[Face]]:  # type: ignore[no-untyped-def]
     return {n: analyser.analyse(img) for n, img in sample_images.items()}
 
@@ -203,8 +198,8 @@ def test_profile_faces_are_refused_with_a_typed_error(analysed) -> None:  # type
     from dataclasses import replace
 
     from facefuse.errors import FaceProfileError
-    from facefuse.fusion.engine import check_usable
     from facefuse.fusion.geometry import head_pose
+    from facefuse.fusion.select import check_usable
 
     face = analysed["obama"][0]
     check_usable(face, "source")  # the frontal original is fine

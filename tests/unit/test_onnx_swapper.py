@@ -31,6 +31,7 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.recognizer import normalize
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.swappers import onnx as onnx_swapper
 from facefuse.fusion.swappers.onnx import (
     OnnxSwapper,
     align_transform,
@@ -484,25 +485,36 @@ def test_latent_from_a_projection_file_and_unprojected(
 
 
 def test_latent_from_another_recognizer_in_the_registry(
-    swap_registry: ModelRegistry, sample_images: dict[str, np.ndarray], faces: dict[str, Face]
+    swap_registry: ModelRegistry, sample_images: dict[str, np.ndarray], faces: dict[str, Face],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The toy recognizer averages its 112-px ArcFace chip: the latent is the source
     face's mean colour, normalised as its manifest entry says."""
+    calls: list[str] = []
+    real = onnx_swapper.recognizer_embedding
+
+    def counting(*args: Any) -> np.ndarray:
+        calls.append("embed")
+        return real(*args)
+
+    monkeypatch.setattr(onnx_swapper, "recognizer_embedding", counting)
     for who in ("obama", "biden"):
-        face = dataclasses.replace(faces[who], extra={})
+        face = faces[who]
         assert face.landmarks is not None
         sw = OnnxSwapper(swap_registry, "latent_toy")
+        calls.clear()
         got = sw.source_latent(sample_images[who], face)[0]
+        np.testing.assert_array_equal(sw.source_latent(sample_images[who], face)[0], got)
+        assert calls == ["embed"]  # computed once per source face
         # Independently: OpenCV's own similarity warp onto ARCFACE_112, no anti-aliasing.
         M = similarity_transform(face.landmarks[[468, 473, 1, 61, 291], :2], ARCFACE_112)
         chip = cv2.warpAffine(sample_images[who], M, (112, 112), flags=cv2.INTER_LINEAR)
         want = (chip.reshape(-1, 3).astype(np.float64).mean(axis=0) - 127.5) / 127.5
         np.testing.assert_allclose(got, want, atol=0.02)
-        assert "embedding:toy_rec" in face.extra  # computed once per source face
-    a = OnnxSwapper(swap_registry, "latent_toy").source_latent(
-        sample_images["obama"], dataclasses.replace(faces["obama"], extra={}))
-    b = OnnxSwapper(swap_registry, "latent_toy").source_latent(
-        sample_images["biden"], dataclasses.replace(faces["biden"], extra={}))
+    a = OnnxSwapper(swap_registry, "latent_toy").source_latent(sample_images["obama"],
+                                                               faces["obama"])
+    b = OnnxSwapper(swap_registry, "latent_toy").source_latent(sample_images["biden"],
+                                                               faces["biden"])
     assert np.abs(a - b).max() > 0.02
 
 

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from facefuse.config import Settings
+from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.runtime.manifest import MANIFEST_NAME, Manifest, ModelSpec
 from facefuse.runtime.registry import ModelRegistry, choose_variant
@@ -153,8 +154,7 @@ def test_a_passing_int8_recognizer_is_registered_and_auto_picks_it(
     # Real faces: the INT8 embedding agrees with FP32.
     analyser = FaceAnalyser(qsettings.replace(precision="fp32"))
     rgb = sample_images["biden"]
-    chips = analyser.chips(rgb, analyser.analyse(rgb, embed=False))
-    x = analyser.recognizer.preprocess(chips)
+    x = analyser.models.recognizer.preprocess(stages.chips(rgb, analyser.analyse(rgb, embed=False)))
     a, b = fp32.run(x)[0][0], auto.run(x)[0][0]
     assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.995
 

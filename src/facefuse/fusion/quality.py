@@ -24,6 +24,13 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (na * nb)) if na > 0 and nb > 0 else 0.0
 
 
+def identity_similarity(face: Face, source: Face) -> float | None:
+    """Cosine similarity of two faces' identity embeddings; None when either has none."""
+    if face.embedding is None or source.embedding is None:
+        return None
+    return cosine(face.embedding, source.embedding)
+
+
 def gradient_energy(rgb: np.ndarray, band: np.ndarray) -> float:
     """Mean squared Sobel gradient magnitude of the grey image over ``band`` (bool)."""
     grey = cv2.cvtColor(np.ascontiguousarray(rgb.astype(np.uint8)), cv2.COLOR_RGB2GRAY)
@@ -52,11 +59,10 @@ def seam_scores(
 def compare_faces(output_face: Face, source_face: Face, target_face: Face) -> dict[str, float]:
     """Identity, pose and expression figures of ``output_face`` (analysed on the output)."""
     q: dict[str, float] = {}
-    if output_face.embedding is not None:
-        if source_face.embedding is not None:
-            q["id_sim_source"] = cosine(output_face.embedding, source_face.embedding)
-        if target_face.embedding is not None:
-            q["id_sim_target"] = cosine(output_face.embedding, target_face.embedding)
+    for name, other in (("id_sim_source", source_face), ("id_sim_target", target_face)):
+        sim = identity_similarity(output_face, other)
+        if sim is not None:
+            q[name] = sim
     if output_face.landmarks is not None and target_face.landmarks is not None:
         yaw, pitch, roll = relative_pose(target_face.landmarks, output_face.landmarks)
         q["yaw_diff"], q["pitch_diff"], q["roll_diff"] = abs(yaw), abs(pitch), abs(roll)

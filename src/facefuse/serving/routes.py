@@ -246,7 +246,7 @@ async def faces(request: Request) -> JSONResponse:
             analysis = await pipeline.analyse(rgb, digest, ctx, embed=False)
             found: list[Face] = list(analysis.faces)
             if params.attributes and found:
-                found = await pipeline.attributes(rgb, found)
+                found = await pipeline.attributes(rgb, found, ctx)
         return {"width": analysis.width, "height": analysis.height,
                 "faces": [_face_json(f, landmarks=params.landmarks) for f in found]}
 

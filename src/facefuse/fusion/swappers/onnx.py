@@ -28,9 +28,11 @@ target's geometry, so the ``shape`` weight has no effect here.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import mmap
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -527,6 +529,18 @@ def last_initializer(path: Path) -> np.ndarray:
 # ----------------------------------------------------------------------------------------
 
 
+#: Source embeddings an ONNX swapper keeps (faces are immutable and shared, so
+#: the cache lives here, keyed by the face's mesh and image size).
+EMBEDDING_CACHE_SIZE = 8
+
+
+def _face_digest(rgb: np.ndarray, face: Face) -> str:
+    h = hashlib.blake2b(str(rgb.shape).encode(), digest_size=16)
+    h.update(np.ascontiguousarray(face.landmarks if face.landmarks is not None
+                                  else face.bbox).tobytes())
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class _Loaded:
     contract: SwapContract
@@ -550,6 +564,7 @@ class OnnxSwapper:
         self._lock = threading.Lock()
         self._loaded: _Loaded | None = None
         self._generation = -1
+        self._embeddings: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
 
     def load(self) -> _Loaded:
         """Check and load the model (once per registry generation); raises typed errors."""
@@ -634,19 +649,24 @@ class OnnxSwapper:
         return project_latent(v, loaded.projection)[None]
 
     def _embedding(self, loaded: _Loaded, rgb: np.ndarray, face: Face) -> np.ndarray:
-        """The recognizer's raw vector for ``face`` (cached in ``face.extra``)."""
+        """The recognizer's raw vector for ``face`` (the last few cached: one source
+        face is rendered into every chosen target face)."""
         if loaded.recognizer is None:
             raw = face.embedding_raw if face.embedding_raw is not None else face.embedding
             if raw is None:
                 raise InvalidArgumentError("the source face has no embedding",
                                            code="source_no_embedding")
             return np.asarray(raw, np.float32)
-        key = f"embedding:{loaded.contract.recognizer}"
-        cached = face.extra.get(key)
-        if isinstance(cached, np.ndarray):
+        key = (loaded.contract.recognizer, _face_digest(rgb, face))
+        with self._lock:
+            cached = self._embeddings.get(key)
+        if cached is not None:
             return cached
         vec = recognizer_embedding(loaded.recognizer, rgb, face)
-        face.extra[key] = vec
+        with self._lock:
+            self._embeddings[key] = vec
+            while len(self._embeddings) > EMBEDDING_CACHE_SIZE:
+                self._embeddings.popitem(last=False)
         return vec
 
     # ---- rendering --------------------------------------------------------------------

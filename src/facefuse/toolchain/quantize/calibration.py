@@ -29,9 +29,14 @@ import cv2
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
+from facefuse.faces import stages
+from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.detector import FaceDetector, Letterbox
 from facefuse.faces.landmarker import EYE_CORNERS
 from facefuse.faces.types import Detection
+from facefuse.imaging.decode import decode_image
+from facefuse.imaging.encode import encode_image
+from facefuse.toolchain.samples import identity_of
 
 #: Seed of the calibration augmentations.
 CALIBRATION_SEED = 20240601
@@ -95,8 +100,6 @@ def draw_augmentations(seed: int, photo: str, n: int) -> list[Augmentation]:
 
 def augment(rgb: np.ndarray, aug: Augmentation) -> np.ndarray:
     """Apply ``aug`` to an RGB uint8 (H, W, 3) image; returns RGB uint8 of the same size."""
-    from facefuse.imaging.decode import decode_image
-    from facefuse.imaging.encode import encode_image
 
     out = rgb[:, ::-1] if aug.flip else rgb
     h, w = out.shape[:2]
@@ -230,7 +233,7 @@ def inter_ocular(landmarks: np.ndarray) -> float:
 
 
 def build_stage_data(
-    analyser: Any,
+    analyser: FaceAnalyser,
     photos: Mapping[str, np.ndarray],
     plan: DataPlan,
     *,
@@ -248,10 +251,11 @@ def build_stage_data(
             analyser's own detector is always recorded under its model name).
         identities: photo → person (default :func:`facefuse.toolchain.samples.identity_of`).
     """
-    from facefuse.toolchain.samples import identity_of
 
     data = StageData(plan)
-    dets: dict[str, FaceDetector] = {analyser.detector.model.spec.name: analyser.detector}
+    detector = analyser.models.detector
+    assert isinstance(detector, FaceDetector)
+    dets: dict[str, FaceDetector] = {detector.model.spec.name: detector}
     dets.update(detectors or {})
     for name in dets:
         data.detect[name] = []
@@ -279,19 +283,18 @@ def build_stage_data(
             if not math.isfinite(iod) or iod <= 1.0:
                 data.skipped += 1
                 continue
-            tensor, M = analyser.mesh.roi(rgb, best)
+            tensor, M = analyser.models.mesh.roi(rgb, best)
             data.mesh.append(RoiItem(tensor, M, iod, index))
-            for eye_tensor, eye_M in analyser.mesh.eye_rois(rgb, face.landmarks[:468]):
+            for eye_tensor, eye_M in analyser.models.mesh.eye_rois(rgb, face.landmarks[:468]):
                 data.iris.append(RoiItem(eye_tensor, eye_M, iod, index))
-            chips = analyser.chips(rgb, [face])
-            chip = np.asarray(analyser.recognizer.preprocess(chips), np.float32)[0]
+            chip = np.asarray(analyser.models.recognizer.preprocess(
+                stages.chips(rgb, [face])), np.float32)[0]
             data.embed.append(ChipItem(chip, person, photo, index))
     return data
 
 
 def load_photos(paths: Mapping[str, Path]) -> dict[str, np.ndarray]:
     """name → RGB uint8 (H, W, 3) for the given sample photo paths."""
-    from facefuse.imaging.decode import decode_image
 
     return {name: decode_image(path) for name, path in paths.items()}
 
