@@ -176,10 +176,12 @@ def cmd_fuse(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from facefuse.serving.app import serve
+    from facefuse.serving.run import serve
 
-    return serve(args.host, args.port, args.workers, models_dir=args.models_dir,
-                 threads=args.threads, log_level="debug" if args.verbose else "info")
+    settings = _settings(args)
+    if args.verbose:
+        settings = settings.replace(log_level="debug")
+    return serve(settings, args.host, args.port, args.workers)
 
 
 def build_parser() -> argparse.ArgumentParser:

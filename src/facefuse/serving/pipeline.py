@@ -19,7 +19,7 @@ Each model has two batchers over the same pool: the batched one and a direct one
 (``enabled=False``: every item alone, no queue delay) for routes configured as
 latency-critical (``Settings.unbatched_routes``) or with batching switched off.
 
-The L1 cache (:class:`~facefuse.serving.cache.ByteLRU`) holds the analysis of one
+The L1 cache (:class:`~facefuse.serving.cache.lru.ByteLRU`) holds the analysis of one
 decoded image — faces with mesh, alignment and (when computed) embeddings — keyed by
 the SHA-256 of its pixels plus the model versions and analysis settings. Cached
 :class:`~facefuse.faces.types.Face` objects are shared; they are immutable.
@@ -54,7 +54,8 @@ from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
 from facefuse.imaging.encode import content_type, encode_image
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher
-from facefuse.serving.cache import ByteLRU, analysis_key, phash, pixels_sha256
+from facefuse.serving.cache.keys import analysis_key, phash, pixels_sha256
+from facefuse.serving.cache.lru import ByteLRU
 
 __all__ = [
     "Analysis",

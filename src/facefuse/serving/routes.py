@@ -24,7 +24,8 @@ from facefuse.faces.recognizer import distance
 from facefuse.faces.types import Face
 from facefuse.fusion.quality import cosine
 from facefuse.fusion.types import FuseOptions
-from facefuse.serving.cache import CachedResult, result_key, sha256_hex
+from facefuse.serving.cache.keys import result_key, sha256_hex
+from facefuse.serving.cache.results import CachedResult
 from facefuse.serving.inputs import read_request, validate_params
 from facefuse.serving.metrics import STAGES
 from facefuse.serving.pipeline import FuseOutcome, RequestContext, gather_all
@@ -130,36 +131,18 @@ def _vector(v: np.ndarray | None) -> list[float]:
     return [] if v is None else [round(float(x), 6) for x in v]
 
 
-#: Inside L2, the identity similarity rides along in a content-type parameter.
-_SIM_PARAM = "facefuse-sim="
-
-
 def _pack(outcome: FuseOutcome) -> CachedResult:
-    ct = outcome.content_type
-    if outcome.similarity is not None:
-        ct += f"; {_SIM_PARAM}{outcome.similarity:.6f}"
-    return CachedResult(ct, outcome.body)
-
-
-def _unpack(cached: CachedResult) -> tuple[str, str | None]:
-    base, _, rest = cached.content_type.partition(";")
-    sim = None
-    for part in rest.split(";"):
-        part = part.strip()
-        if part.startswith(_SIM_PARAM):
-            sim = part[len(_SIM_PARAM):]
-    return base.strip(), sim
+    return CachedResult(outcome.body, outcome.content_type, outcome.similarity)
 
 
 def _image_response(
-    body: bytes, ctype: str, similarity: str | None, cache: str, ctx: RequestContext,
-    timing: dict[str, float],
+    result: CachedResult, cache: str, ctx: RequestContext, timing: dict[str, float],
 ) -> Response:
     headers = {"X-Facefuse-Cache": cache, "Server-Timing": server_timing(ctx, **timing),
                "Cache-Control": "no-store"}
-    if similarity is not None:
-        headers["X-Facefuse-Identity-Similarity"] = similarity
-    return Response(content=body, media_type=ctype, headers=headers)
+    if result.similarity is not None:
+        headers["X-Facefuse-Identity-Similarity"] = f"{result.similarity:.6f}"
+    return Response(content=result.body, media_type=result.media_type, headers=headers)
 
 
 # --- /v1 --------------------------------------------------------------------------------
@@ -201,9 +184,8 @@ async def fuse(request: Request) -> Response:
     cached = await svc.l2.get(key)
     lookup_ms = (time.perf_counter() - t) * 1000.0
     if cached is not None:
-        ctype, sim = _unpack(cached)
         _mark(request, cache="hit")
-        return _image_response(cached.body, ctype, sim, "hit", ctx, {
+        return _image_response(cached, "hit", ctx, {
             "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
 
     async def compute() -> FuseOutcome:
@@ -220,8 +202,7 @@ async def fuse(request: Request) -> Response:
         observe_stages(svc, ctx)
     cache = "hit" if shared else "miss"
     _mark(request, cache=cache, l1=",".join(ctx.l1), faces_fused=outcome.faces_fused)
-    sim = f"{outcome.similarity:.6f}" if outcome.similarity is not None else None
-    return _image_response(outcome.body, outcome.content_type, sim, cache, ctx, {
+    return _image_response(_pack(outcome), cache, ctx, {
         "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
 
 

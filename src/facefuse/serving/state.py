@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from facefuse.config import Settings
 from facefuse.errors import ModelError
-from facefuse.serving.cache import ResultCache
+from facefuse.serving.cache.results import ResultCache
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.pipeline import Pipeline, RequestContext
 from facefuse.serving.security import ApiKeys
