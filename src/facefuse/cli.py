@@ -86,12 +86,11 @@ def cmd_models_verify(args: argparse.Namespace) -> int:
 def cmd_models_quantize(args: argparse.Namespace) -> int:
     from facefuse.toolchain.quantize import DEFAULT_MODELS, QuantizeOptions, quantize_models
 
-    bench = Path(args.benchmarks) if args.benchmarks else Path("BENCHMARKS.md")
     options = QuantizeOptions(
         models=tuple(args.models or DEFAULT_MODELS), fmt=args.format,
         calibration=args.calibration, fp16=args.fp16, benchmark=not args.no_bench,
         report_dir=Path(args.report_dir) if args.report_dir else None,
-        benchmarks=bench if args.benchmarks or bench.is_file() else None,
+        benchmarks=Path(args.benchmarks) if args.benchmarks else None,
         command="facefuse " + " ".join(sys.argv[1:]))
     outcome = quantize_models(_settings(args), options)
     for line in [f"registered {n}" for n in outcome.registered] + [
@@ -218,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--fp16", action="store_true", help="also make FP16 variants (for GPUs)")
     q.add_argument("--report-dir", help="where quantization.json/.md go "
                    "(default $FACEFUSE_HOME/reports)")
-    q.add_argument("--benchmarks", help="BENCHMARKS.md to update (default ./BENCHMARKS.md "
-                   "when it exists)")
+    q.add_argument("--benchmarks", help="a BENCHMARKS.md whose quantization section to "
+                   "rewrite (default: none)")
     q.add_argument("--no-bench", action="store_true", help="skip the timing/RSS measurements")
     q.set_defaults(func=cmd_models_quantize)
 

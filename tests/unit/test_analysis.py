@@ -55,7 +55,7 @@ def test_attributes_are_plausible(analyser: FaceAnalyser, sample_images) -> None
         assert f.age is not None and 20 < f.age < 90
 
 
-def test_manifest_records_what_the_issue_asks(model_dir: Path) -> None:
+def test_manifest_records_file_hash_io_source_and_licence(model_dir: Path) -> None:
     manifest = Manifest.load(model_dir)
     assert {e.name for e in ZOO} <= set(manifest.models)
     for spec in manifest.models.values():

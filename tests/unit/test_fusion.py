@@ -1,8 +1,8 @@
-"""Fusion engine behaviour on every ordered pair of distinct identities (issue 3 §5).
+"""Fusion engine behaviour on every ordered pair of distinct identities.
 
-Figures measured on this suite's samples are in the closing note / BENCHMARKS.md;
-bounds below are the issue's where the engine meets them, and measured bounds
-with margin where it does not yet (pose, openness — see docs/fusion.md).
+Figures measured on these samples are in BENCHMARKS.md; the bounds below are the
+targets where the engine meets them, and measured bounds with margin where it does
+not yet (pose, openness — see docs/fusion.md).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_pose_and_expression_stay_the_targets(runs: list[PairRun]) -> None:
     pose = [max(q["yaw_diff"], q["pitch_diff"], q["roll_diff"]) for q in qs]
     mouth = [q["mouth_diff"] for q in qs]
     eyes = [q["eye_diff"] for q in qs]
-    # The issue asks ≤ 3° and ≤ 0.05; medians meet it, the worst pairs do not yet.
+    # The targets are ≤ 3° and ≤ 0.05; medians meet them, the worst pairs do not yet.
     assert float(np.median(pose)) <= 3.0, pose
     assert max(pose) <= 8.0, pose
     assert float(np.median(mouth)) <= 0.05, mouth

@@ -1,4 +1,4 @@
-"""The neural swapper plug-in (issue 3 §3), tested with tiny ONNX models built here.
+"""The neural swapper plug-in, tested with tiny ONNX models built here.
 
 We ship no face-swap model, so every model below is generated with ``onnx.helper``
 with the exact inswapper-style I/O contract (target ``[N, 3, S, S]``, source

@@ -41,6 +41,7 @@ from facefuse.toolchain.quantize.gate import (
     landmark_figures,
     recognizer_figures,
 )
+from facefuse.toolchain.quantize.int8 import preprocess
 from facefuse.toolchain.quantize.pipeline import Quantizer, copy_models_dir
 from facefuse.toolchain.quantize.report import BEGIN, END, splice
 
@@ -316,3 +317,17 @@ def test_report_section_replaces_only_its_markers() -> None:
     twice = splice(once, "second")
     assert "first" not in twice and "second" in twice and twice.count(BEGIN) == 1
     assert "<!-- analyse:begin -->\nA\n<!-- analyse:end -->" in twice
+
+
+def test_preprocessing_leaves_nothing_in_the_working_directory(
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BlazeFace's Resize ops defeat ORT's symbolic shape inference, which then saves
+    its partial model into the working directory; ours must stay empty."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    spec = Manifest.load(model_dir).get("blazeface_full")
+    done = preprocess(model_dir / spec.file, tmp_path / "out" / "pre.onnx")
+    assert "onnx shapes" in done  # the fallback ran: symbolic inference gave up
+    assert (tmp_path / "out" / "pre.onnx").is_file()
+    assert list(cwd.iterdir()) == []

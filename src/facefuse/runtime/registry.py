@@ -97,10 +97,15 @@ class ModelRegistry:
 
     @property
     def manifest(self) -> Manifest:
+        """The manifest in force (read from disk on first use)."""
         with self._lock:
-            if self._manifest is None:
-                self._manifest = Manifest.load(self.models_dir)
-            return self._manifest
+            return self._current_manifest()
+
+    def _current_manifest(self) -> Manifest:
+        """The manifest in force; call with ``_lock`` held."""
+        if self._manifest is None:
+            self._manifest = Manifest.load(self.models_dir)
+        return self._manifest
 
     def has(self, name: str) -> bool:
         return name in self.manifest.models
@@ -110,11 +115,14 @@ class ModelRegistry:
         loaded = self._loaded.get(name)
         if loaded is not None:
             return loaded
-        spec = choose_variant(self.manifest, name, self.settings)
         with self._lock:
+            # The variant is chosen under the lock, from the manifest in force: a
+            # reload swapping manifests meanwhile cannot pair an old spec with the
+            # new model set.
             loaded = self._loaded.get(name)
             if loaded is None:
-                loaded = self._load(spec)
+                loaded = self._load(choose_variant(self._current_manifest(), name,
+                                                   self.settings))
                 self._loaded[name] = loaded
         return loaded
 

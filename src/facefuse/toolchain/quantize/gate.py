@@ -1,7 +1,7 @@
 """The accuracy gate: a quantized model that fails is refused, never merely warned about.
 
 Figures compare the quantized model with its FP32 base on the same evaluation
-inputs (disjoint from calibration). Thresholds, as issue #4 states them:
+inputs (disjoint from calibration). Thresholds:
 
 * recognizer: cosine(FP32, INT8) of the embeddings, mean ≥ 0.995 and minimum
   ≥ 0.98; same/different decisions at the configured Euclidean threshold agree

@@ -15,9 +15,11 @@ copied to an older one.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import platform
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,18 +149,24 @@ def preprocess(src: Path, dst: Path) -> str:
     model = onnx.load(str(src))
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                 default=MIN_OPSET)
-    source = src
+    source, dst = src.resolve(), dst.resolve()
     if opset < MIN_OPSET:
         source = dst.with_name(f"{dst.stem}.opset{MIN_OPSET}.onnx")
         onnx.save(version_converter.convert_version(model, MIN_OPSET), str(source))
         steps.append(f"opset {opset}→{MIN_OPSET}")
-    try:
-        quant_pre_process(source, str(dst))
-        steps.append("symbolic shapes")
-    except Exception as exc:  # ORT raises a bare Exception for incomplete inference
-        log.info("quant_pre_process of %s without symbolic shape inference (%s)", src.name, exc)
-        quant_pre_process(source, str(dst), skip_symbolic_shape=True)
-        steps.append("onnx shapes")
+    # When symbolic inference gives up, ORT saves its partial model (and external
+    # data files) into the working directory: run it in a scratch one. This changes
+    # the process's directory for the call; only the single-threaded toolchain runs it.
+    with tempfile.TemporaryDirectory(prefix="facefuse-preprocess-") as scratch, \
+            contextlib.chdir(scratch):
+        try:
+            quant_pre_process(source, str(dst))
+            steps.append("symbolic shapes")
+        except Exception as exc:  # ORT raises a bare Exception for incomplete inference
+            log.info("quant_pre_process of %s without symbolic shape inference (%s)",
+                     src.name, exc)
+            quant_pre_process(source, str(dst), skip_symbolic_shape=True)
+            steps.append("onnx shapes")
     if _name_nodes(dst):
         steps.append("nodes named")
     return ", ".join(steps)
@@ -233,8 +241,6 @@ CALIBRATOR_OPTIONS: dict[str, dict[str, Any]] = {
 def calibrate(pre: Path, reader: CalibrationDataReader, method: str, cache: Path) -> Path:
     """Run ``method``'s calibrator over ``reader`` on ``pre`` and save the tensor
     ranges as a ``quantize_static`` calibration cache (JSON) at ``cache``."""
-    import tempfile
-
     from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
     rewind = getattr(reader, "rewind", None)

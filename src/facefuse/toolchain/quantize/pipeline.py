@@ -550,7 +550,6 @@ class Quantizer:
                     report["analysis"] = self.measure_analysis(
                         {n: c.path for n, c in kept["int8"].items() if c.path is not None})
             report["load_average_end"] = _load_average()
-            report["goals"] = self.goals(report)
             report["notes"] = self.notes
             # Register what passed every gate.
             to_register = []
@@ -602,31 +601,6 @@ class Quantizer:
             extra["latency_ms"] = entry["latency"].get(c.precision)
         return extra
 
-    def goals(self, report: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The issue's goals for this machine, met or not, with the measured values."""
-        goals: list[dict[str, Any]] = []
-        rec = report["models"].get("dlib_resnet")
-        if rec and rec.get("int8", {}).get("size"):
-            ratio = rec["fp32"]["size"] / rec["int8"]["size"]
-            goals.append({"goal": "recognizer ≥ 3.5× smaller", "met": ratio >= 3.5,
-                          "value": f"{ratio:.2f}×"})
-        if rec and "latency" in rec and "int8" in rec["latency"]:
-            for t in (1, 2):
-                f, q = rec["latency"]["fp32"][f"b8_t{t}"], rec["latency"]["int8"][f"b8_t{t}"]
-                goals.append({"goal": f"recognizer ≥ 1.8× faster at batch 8 ({t} thread(s))",
-                              "met": f / q >= 1.8, "value": f"{f / q:.2f}× ({f:.2f} → "
-                              f"{q:.2f} ms/chip)"})
-        for label, v in report.get("analysis", {}).items():
-            f, q = v["fp32"]["total"], v["int8"]["total"]
-            goals.append({"goal": f"whole analysis ≥ 1.4× faster ({label})", "met": f / q >= 1.4,
-                          "value": f"{f / q:.2f}× ({f:.1f} → {q:.1f} ms/photo)"})
-        all_ok = all(m.get(p, {}).get("passed", True) for m in report["models"].values()
-                     for p in ("int8", "fp16")) and all(
-            g["passed"] for g in report.get("e2e", {}).values())
-        goals.append({"goal": "all gates passed", "met": all_ok,
-                      "value": "yes" if all_ok else "no (see refusals)"})
-        return goals
-
 
 def quantize_models(settings: Settings, options: QuantizeOptions | None = None, **kw: Any
                     ) -> QuantizeOutcome:
@@ -634,13 +608,21 @@ def quantize_models(settings: Settings, options: QuantizeOptions | None = None, 
     return Quantizer(settings, options or QuantizeOptions(), **kw).run()
 
 
-def copy_models_dir(src: Path, dst: Path, names: Sequence[str] | None = None) -> Path:
-    """Copy a model directory (manifest + files, optionally only ``names``) — for tests
-    and dry runs that must not touch the real one."""
+def copy_models_dir(src: Path, dst: Path, names: Sequence[str] | None = None, *,
+                    variants: bool = False) -> Path:
+    """Copy a model directory (manifest + files) — for tests and dry runs that must
+    not touch the real one.
+
+    Args:
+        names: only these base models (default: all).
+        variants: also their INT8/FP16 variants (default: the FP32 models only, so a
+            copy never depends on what was quantized in ``src``).
+    """
     manifest = Manifest.load(src)
     dst.mkdir(parents=True, exist_ok=True)
     keep = Manifest({n: s for n, s in manifest.models.items()
-                     if names is None or n in names or (s.base in names if s.base else False)})
+                     if (names is None or (s.base or n) in names)
+                     and (variants or s.base is None)})
     for spec in keep.models.values():
         shutil.copyfile(src / spec.file, dst / spec.file)
     keep.save(dst)

@@ -139,11 +139,6 @@ def markdown(report: Mapping[str, Any]) -> str:
 
             lines.append(f"| {t} | {f['total']:.1f} | {q['total']:.1f} | "
                          f"{_ratio(f['total'], q['total'])} | {stages(f)} | {stages(q)} |")
-    goals = report.get("goals")
-    if goals:
-        lines += ["", "Goals (issue #4):", ""]
-        for g in goals:
-            lines.append(f"- {'met' if g['met'] else '**not met**'}: {g['goal']} — {g['value']}")
     load = (report.get("load_average_start"), report.get("load_average_end"))
     if load[0] is not None:
         lines += ["", f"Load average (1/5/15 min) at start {load[0]}, at end {load[1]}: other "
