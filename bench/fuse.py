@@ -24,7 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.errors import FacefuseError
-from facefuse.fusion.engine import FaceFuser, check_usable
+from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.select import check_usable
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import fetch_samples
