@@ -43,10 +43,16 @@ serve: models
 test: setup system-deps
 	$(VENV)/bin/pytest -q
 
-# ruff, mypy --strict, and the import-linter layer contract in pyproject.toml.
+# ruff, mypy --strict (the package, then the tests: each test folder imports its
+# helper modules by bare name, as pytest does, so each is checked from inside it),
+# and the import-linter layer contract in pyproject.toml.
+MYPY_TESTS = ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy tests/conftest.py
+	cd tests/unit && $(MYPY_TESTS) --cache-dir ../../.mypy_cache/unit .
+	cd tests/integration && $(MYPY_TESTS) --cache-dir ../../.mypy_cache/integration .
 	$(VENV)/bin/lint-imports
 
 bench: setup

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -273,7 +274,7 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
     good = photos["biden"]
     source: bytes | None = photos["obama"]
     data: dict[str, str] = {}
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, Any] = {}
     if case == "zero_bytes":
         source = b""
     elif case == "truncated_jpeg":
@@ -335,7 +336,7 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
     if source is not None:
         files["source"] = ("s.jpg", source, "image/jpeg")
     kwargs["files"] = files
-    r = client.post("/v1/fuse", data=data, **kwargs)  # type: ignore[arg-type]
+    r = client.post("/v1/fuse", data=data, **kwargs)
     assert (r.status_code, error_of(r)) == (status, code), r.text
 
 

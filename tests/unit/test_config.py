@@ -56,7 +56,7 @@ def test_auto_precision_picks_a_current_int8_variant_and_skips_a_stale_one(
 ])
 def test_every_settings_object_is_validated_when_made(change: dict[str, object]) -> None:
     with pytest.raises(InvalidArgumentError, match=next(iter(change))):
-        Settings(**change)  # type: ignore[arg-type]
+        Settings(**change)  # type: ignore[arg-type]  # out-of-range values on purpose
     with pytest.raises(InvalidArgumentError):
         Settings().replace(**change)
 

@@ -15,7 +15,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import cv2
 import numpy as np
@@ -43,13 +43,13 @@ from facefuse.fusion.swappers.onnx import (
     template_points,
 )
 from facefuse.fusion.types import FuseOptions
+from facefuse.runtime.files import sha256_file
 from facefuse.runtime.manifest import (
     Manifest,
     ModelSpec,
     Preprocessing,
     Source,
     TensorSpec,
-    sha256_file,
 )
 from facefuse.runtime.registry import ModelRegistry
 
@@ -427,7 +427,9 @@ def test_constant_model_colours_the_face_only(
     target = sample_images["obama"]
     inner = cv2.erode(core.astype(np.uint8), np.ones((15, 15), np.uint8)).astype(bool)
     assert np.abs(target[y0:y1, x0:x1][inner].astype(np.float32) - want).mean() > 30
-    for blend, tol in (("alpha", 1.0), ("multiband", 8.0)):
+    cases: tuple[tuple[Literal["alpha", "multiband"], float], ...] = (
+        ("alpha", 1.0), ("multiband", 8.0))
+    for blend, tol in cases:
         res = fuser.fuse_faces(sample_images["biden"], faces["biden"], target, [faces["obama"]],
                                [0], FuseOptions(degree=100, swapper=name, blend=blend,
                                                 evaluate=False))
