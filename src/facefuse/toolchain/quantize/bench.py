@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from facefuse.config import Settings
+from facefuse.faces.analyser import StageTimer
 from facefuse.runtime.session import create_session
 
 
@@ -116,7 +117,6 @@ def analysis_latency(
     Returns label → {"total": ms, <stage>: ms, ...} (stage medians from the
     analyser's :class:`~facefuse.faces.analyser.StageTimer`).
     """
-    from facefuse.faces.analyser import StageTimer
 
     totals: dict[str, list[float]] = {k: [] for k in analysers}
     stages: dict[str, dict[str, list[float]]] = {k: {} for k in analysers}

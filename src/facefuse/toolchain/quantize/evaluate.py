@@ -16,8 +16,10 @@ from typing import Any, Literal
 import numpy as np
 
 from facefuse.config import Settings
+from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.detector import FaceDetector
 from facefuse.faces.landmarker import project
+from facefuse.fusion.engine import FaceFuser
 from facefuse.runtime.files import sha256_file
 from facefuse.runtime.manifest import ModelSpec
 from facefuse.runtime.registry import LoadedModel, ModelRegistry
@@ -167,7 +169,7 @@ class OverlayRegistry(ModelRegistry):
         return model if model is not None else super().get(name)
 
 
-def fused_identity(fuser: Any, photos: Mapping[str, Path],
+def fused_identity(fuser: FaceFuser, photos: Mapping[str, Path],
                    pairs: Sequence[tuple[str, str]]) -> list[float]:
     """``id_sim_source`` of the fused output of each (source, target) pair."""
     out: list[float] = []
@@ -189,8 +191,6 @@ def end_to_end(
 
     ``settings.precision`` is forced to fp32 for everything that is not a candidate.
     """
-    from facefuse.faces.analyser import FaceAnalyser
-    from facefuse.fusion.engine import FaceFuser
 
     fp32_settings = settings.replace(precision="fp32")
     pairs = [(s, t) for s, t in pairs if s in photos and t in photos]

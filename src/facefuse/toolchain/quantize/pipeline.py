@@ -34,8 +34,11 @@ from typing import Any
 
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError, QuantizationGateError
+from facefuse.faces.analyser import FaceAnalyser
+from facefuse.faces.detector import FaceDetector
 from facefuse.runtime.manifest import Manifest, ModelSpec
 from facefuse.runtime.registry import ModelRegistry
+from facefuse.toolchain.quantize.bench import analysis_latency, compare_latency, load_rss
 from facefuse.toolchain.quantize.calibration import (
     MODEL_TASKS,
     StageData,
@@ -53,6 +56,7 @@ from facefuse.toolchain.quantize.evaluate import (
     load_candidate,
     variant_spec,
 )
+from facefuse.toolchain.quantize.fp16 import BLOCKLISTS, convert_fp16
 from facefuse.toolchain.quantize.gate import GateResult
 from facefuse.toolchain.quantize.int8 import (
     FORMATS,
@@ -62,6 +66,8 @@ from facefuse.toolchain.quantize.int8 import (
     preprocess,
     quantize_int8,
 )
+from facefuse.toolchain.quantize.report import write_report
+from facefuse.toolchain.samples import fetch_samples
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +218,17 @@ def _machine_description() -> str:
         return ""
 
 
+@dataclass
+class _Verdicts:
+    """What the gates decided so far: kept variants per precision, INT8 variants that
+    passed but are not faster (measured, not registered), and every refusal."""
+
+    kept: dict[str, dict[str, Candidate]] = field(
+        default_factory=lambda: {"int8": {}, "fp16": {}})
+    unkept: dict[str, Candidate] = field(default_factory=dict)
+    refused: list[GateResult] = field(default_factory=list)
+
+
 class Quantizer:
     """Runs one ``facefuse models quantize`` (see the module docstring)."""
 
@@ -239,9 +256,6 @@ class Quantizer:
 
     def build_data(self) -> tuple[StageData, StageData]:
         """The calibration and evaluation sets (built from the sample photos unless given)."""
-        from facefuse.faces.analyser import FaceAnalyser
-        from facefuse.faces.detector import FaceDetector
-        from facefuse.toolchain.samples import fetch_samples
 
         self.photo_paths = fetch_samples(self.settings.samples_dir, self.settings.downloads_dir)
         if self._calibration is not None and self._evaluation is not None:
@@ -312,7 +326,6 @@ class Quantizer:
         """
         import math
 
-        from facefuse.toolchain.quantize.bench import compare_latency
 
         task = MODEL_TASKS[name]
         best: dict[str, Candidate] = {}
@@ -359,7 +372,6 @@ class Quantizer:
 
     def fp16_candidate(self, name: str, spec: ModelSpec, evaluator: Evaluator,
                        work: Path) -> Candidate:
-        from facefuse.toolchain.quantize.fp16 import BLOCKLISTS, convert_fp16
 
         dst = work / f"{name}.fp16.onnx"
         try:
@@ -378,7 +390,6 @@ class Quantizer:
     def measure(self, name: str, entry: dict[str, Any], paths: Mapping[str, Path],
                 evaluator: Evaluator) -> None:
         """Latency (batch 1/8 × 1/2 threads, interleaved) and load RSS of each variant."""
-        from facefuse.toolchain.quantize.bench import compare_latency, load_rss
 
         tensors = evaluator.data.tensors(name)
         lat: dict[str, dict[str, float]] = {k: {} for k in paths}
@@ -398,8 +409,6 @@ class Quantizer:
 
     def measure_analysis(self, int8: Mapping[str, Path]) -> dict[str, Any]:
         """Whole-analysis median ms per sample photo, FP32 vs INT8 variants, 1 and 2 threads."""
-        from facefuse.faces.analyser import FaceAnalyser
-        from facefuse.toolchain.quantize.bench import analysis_latency
 
         images = list(load_photos(self.photo_paths).values())
         out: dict[str, Any] = {}
@@ -439,29 +448,67 @@ class Quantizer:
     # -- the whole run ----------------------------------------------------------------
 
     def run(self) -> QuantizeOutcome:
+        """Judge every candidate, gate end to end, measure, register, and report."""
         opts = self.options
+        specs = self._base_specs()
+        cal, ev = self.build_data()
+        host = host_info()
+        report = self._report_head(cal, ev, host)
+        evaluator = Evaluator(ev, {n: self.registry.get(n) for n in specs}, self.ref_settings)
+        verdicts = _Verdicts()
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.models_dir, prefix=".quantize-") as tmp:
+            for name, spec in specs.items():
+                entry: dict[str, Any] = {
+                    "task": MODEL_TASKS[name],
+                    "fp32": {"file": spec.file, "size": spec.size, "sha256": spec.sha256},
+                }
+                report["models"][name] = entry
+                if opts.int8:
+                    self._judge_int8(name, spec, entry, cal, evaluator, Path(tmp), verdicts)
+                if opts.fp16:
+                    self._judge_fp16(name, spec, entry, evaluator, Path(tmp), verdicts)
+            report["e2e"] = self._end_to_end(specs, report, verdicts)
+            if opts.benchmark:
+                self._measure_all(specs, report, verdicts, evaluator)
+            report["load_average_end"] = _load_average()
+            report["notes"] = self.notes
+            registered = self.register([
+                (c, self._manifest_extra(c, report, cal, ev, host))
+                for chosen in verdicts.kept.values() for c in chosen.values()])
+        report["registered"] = registered
+        report["refused"] = [r.summary() for r in verdicts.refused]
+        report_dir = opts.report_dir or (self.settings.home / "reports")
+        written = write_report(report, report_dir, opts.benchmarks, machine=report["machine"])
+        return QuantizeOutcome(report, registered, verdicts.refused, written)
+
+    def _base_specs(self) -> dict[str, ModelSpec]:
+        """The FP32 base spec of every model asked for (a variant name is refused)."""
         manifest = self.registry.manifest
         specs = {}
-        for name in opts.models:
+        for name in self.options.models:
             spec = manifest.get(name)
             if spec.precision != "fp32" or spec.base is not None:
                 raise InvalidArgumentError(f"{name!r} is not an FP32 base model")
             specs[name] = spec
-        cal, ev = self.build_data()
-        host = host_info()
+        return specs
+
+    def _report_head(self, cal: StageData, ev: StageData,
+                     host: Mapping[str, Any]) -> dict[str, Any]:
+        """The report's header: command, host, settings, data and how it is disjoint."""
+        held_out = sorted(set(ev.plan.photos) - set(cal.plan.photos))
         disjoint = (
             f"calibration: {len(cal.images)} augmented images of {', '.join(cal.plan.photos)} "
             f"(seed {cal.plan.seed}, {cal.plan.per_photo} per photo); evaluation: "
             f"{len(ev.images)} augmented images of {', '.join(ev.plan.photos)} (seed "
             f"{ev.plan.seed}, {ev.plan.per_photo} per photo) — disjoint by augmentation seed"
-            + (f", and {', '.join(sorted(set(ev.plan.photos) - set(cal.plan.photos)))} "
-               "held out of calibration" if set(ev.plan.photos) - set(cal.plan.photos) else "")
+            + (f", and {', '.join(held_out)} held out of calibration" if held_out else "")
             + ". Recognizer pairs: every pair of evaluation chips, labelled by the sample "
             "identities (obama ×3 photos, biden, collins) under augmentation — not LFW.")
-        report: dict[str, Any] = {
+        return {
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "command": opts.command,
-            "host": host,
+            "command": self.options.command,
+            "host": dict(host),
             "cores": os.cpu_count(),
             "settings": {"threads": self.threads, "providers": list(self.settings.providers)},
             "data": {"calibration": cal.summary(), "evaluation": ev.summary(),
@@ -471,100 +518,83 @@ class Quantizer:
             "load_average_start": _load_average(),
             "machine": _machine_description(),
         }
-        fp32 = {n: self.registry.get(n) for n in opts.models}
-        evaluator = Evaluator(ev, fp32, self.ref_settings)
-        refused: list[GateResult] = []
-        kept: dict[str, dict[str, Candidate]] = {"int8": {}, "fp16": {}}
-        #: INT8 variants that passed the gate but are not faster than FP32 (measured only).
-        unkept: dict[str, Candidate] = {}
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.models_dir, prefix=".quantize-") as tmp:
-            work = Path(tmp)
-            for name, spec in specs.items():
-                entry: dict[str, Any] = {
-                    "task": MODEL_TASKS[name],
-                    "fp32": {"file": spec.file, "size": spec.size, "sha256": spec.sha256},
-                }
-                report["models"][name] = entry
-                if opts.int8:
-                    cands = self.int8_candidates(name, spec, cal, evaluator, work)
-                    chosen, choice = self.choose(name, cands, evaluator)
-                    entry["candidates"] = [c.to_json() for c in cands]
-                    entry["choice"] = choice
-                    if chosen is None:
-                        refusal, entry["int8"] = _refusal(name, cands)
-                        refused.append(refusal)
-                    elif choice["kept"]:
-                        kept["int8"][name] = chosen
-                    else:
-                        entry["int8"] = {**self._variant_json(chosen, passed=True),
-                                         "kept": False, "reason": choice["reason"]}
-                        unkept[name] = chosen
-                if opts.fp16:
-                    c16 = self.fp16_candidate(name, spec, evaluator, work)
-                    if c16.passed:
-                        kept["fp16"][name] = c16
-                    else:
-                        refused.append(c16.result or GateResult(
-                            f"{name}.fp16", {}, [c16.error or "conversion failed"]))
-                    entry["fp16"] = {
-                        "passed": c16.passed, "format": "fp16 (IO fp32)", "calibration": "–",
-                        "figures": c16.result.figures if c16.result else None,
-                        "failures": c16.result.failures if c16.result else [c16.error],
-                        "size": c16.path.stat().st_size if c16.path else None,
-                        "provider": c16.provider,
-                    }
-            # End-to-end gate per precision, with every kept variant swapped in.
-            report["e2e"] = {}
-            for precision, chosen_map in kept.items():
-                if not chosen_map:
-                    continue
-                load_with = (self.settings.replace(precision="fp32") if precision == "fp16"
-                             else self.ref_settings)
-                models = {n: load_candidate(specs[n], c.path, load_with, precision)
-                          for n, c in chosen_map.items() if c.path is not None}
-                g = end_to_end(self.ref_settings, models, self.photo_paths, opts.e2e_pairs,
-                               subject=f"end-to-end ({precision}: {', '.join(sorted(models))})")
-                report["e2e"][precision] = {"passed": g.passed, "figures": g.figures,
-                                            "failures": g.failures}
-                if not g.passed:
-                    refused.append(g)
-                    for n, c in chosen_map.items():
-                        report["models"][n][precision] = self._variant_json(
-                            c, passed=False, extra_failures=[f"end-to-end: {f}"
-                                                             for f in g.failures])
-                    chosen_map.clear()
-            for precision, chosen_map in kept.items():
-                for n, c in chosen_map.items():
-                    report["models"][n][precision] = self._variant_json(c, passed=True)
-            # Measurements of what passed (and FP32).
-            if opts.benchmark:
-                for name in specs:
-                    paths = {"fp32": self.models_dir / specs[name].file}
-                    c8 = kept["int8"].get(name) or unkept.get(name)
-                    if c8 is not None and c8.path is not None:
-                        paths["int8"] = c8.path
-                    self.measure(name, report["models"][name], paths, evaluator)
-                if kept["int8"]:
-                    report["analysis_int8_models"] = sorted(kept["int8"])
-                    report["analysis"] = self.measure_analysis(
-                        {n: c.path for n, c in kept["int8"].items() if c.path is not None})
-            report["load_average_end"] = _load_average()
-            report["notes"] = self.notes
-            # Register what passed every gate.
-            to_register = []
-            for chosen_map in kept.values():
-                for c in chosen_map.values():
-                    to_register.append((c, self._manifest_extra(c, report, cal, ev, host)))
-            registered = self.register(to_register)
-        written: list[Path] = []
-        report["registered"] = registered
-        report["refused"] = [r.summary() for r in refused]
-        report_dir = opts.report_dir or (self.settings.home / "reports")
-        from facefuse.toolchain.quantize.report import write_report
 
-        written = write_report(report, report_dir, opts.benchmarks, machine=report["machine"])
-        return QuantizeOutcome(report, registered, refused, written)
+    def _judge_int8(self, name: str, spec: ModelSpec, entry: dict[str, Any], cal: StageData,
+                    evaluator: Evaluator, work: Path, verdicts: _Verdicts) -> None:
+        """Make and gate the INT8 candidates of one model; keep the best that passes."""
+        cands = self.int8_candidates(name, spec, cal, evaluator, work)
+        chosen, choice = self.choose(name, cands, evaluator)
+        entry["candidates"] = [c.to_json() for c in cands]
+        entry["choice"] = choice
+        if chosen is None:
+            refusal, entry["int8"] = _refusal(name, cands)
+            verdicts.refused.append(refusal)
+        elif choice["kept"]:
+            verdicts.kept["int8"][name] = chosen
+        else:
+            entry["int8"] = {**self._variant_json(chosen, passed=True),
+                             "kept": False, "reason": choice["reason"]}
+            verdicts.unkept[name] = chosen
+
+    def _judge_fp16(self, name: str, spec: ModelSpec, entry: dict[str, Any],
+                    evaluator: Evaluator, work: Path, verdicts: _Verdicts) -> None:
+        """Make and gate the FP16 variant of one model."""
+        fp16 = self.fp16_candidate(name, spec, evaluator, work)
+        if fp16.passed:
+            verdicts.kept["fp16"][name] = fp16
+        else:
+            verdicts.refused.append(fp16.result or GateResult(
+                f"{name}.fp16", {}, [fp16.error or "conversion failed"]))
+        entry["fp16"] = {
+            "passed": fp16.passed, "format": "fp16 (IO fp32)", "calibration": "–",
+            "figures": fp16.result.figures if fp16.result else None,
+            "failures": fp16.result.failures if fp16.result else [fp16.error],
+            "size": fp16.path.stat().st_size if fp16.path else None,
+            "provider": fp16.provider,
+        }
+
+    def _end_to_end(self, specs: Mapping[str, ModelSpec], report: dict[str, Any],
+                    verdicts: _Verdicts) -> dict[str, Any]:
+        """The end-to-end gate per precision, every kept variant swapped in at once; a
+        failing precision loses all its variants."""
+        e2e: dict[str, Any] = {}
+        for precision, chosen_map in verdicts.kept.items():
+            if not chosen_map:
+                continue
+            load_with = (self.settings.replace(precision="fp32") if precision == "fp16"
+                         else self.ref_settings)
+            models = {n: load_candidate(specs[n], c.path, load_with, precision)
+                      for n, c in chosen_map.items() if c.path is not None}
+            g = end_to_end(self.ref_settings, models, self.photo_paths, self.options.e2e_pairs,
+                           subject=f"end-to-end ({precision}: {', '.join(sorted(models))})")
+            e2e[precision] = {"passed": g.passed, "figures": g.figures, "failures": g.failures}
+            if not g.passed:
+                verdicts.refused.append(g)
+                failures = [f"end-to-end: {f}" for f in g.failures]
+                for n, c in chosen_map.items():
+                    report["models"][n][precision] = self._variant_json(
+                        c, passed=False, extra_failures=failures)
+                chosen_map.clear()
+        for precision, chosen_map in verdicts.kept.items():
+            for n, c in chosen_map.items():
+                report["models"][n][precision] = self._variant_json(c, passed=True)
+        return e2e
+
+    def _measure_all(self, specs: Mapping[str, ModelSpec], report: dict[str, Any],
+                     verdicts: _Verdicts, evaluator: Evaluator) -> None:
+        """Latency and memory of FP32 and of every INT8 variant that passed (kept or not),
+        and the whole analysis with the kept ones."""
+        for name in specs:
+            paths = {"fp32": self.models_dir / specs[name].file}
+            int8 = verdicts.kept["int8"].get(name) or verdicts.unkept.get(name)
+            if int8 is not None and int8.path is not None:
+                paths["int8"] = int8.path
+            self.measure(name, report["models"][name], paths, evaluator)
+        kept = verdicts.kept["int8"]
+        if kept:
+            report["analysis_int8_models"] = sorted(kept)
+            report["analysis"] = self.measure_analysis(
+                {n: c.path for n, c in kept.items() if c.path is not None})
 
     @staticmethod
     def _variant_json(c: Candidate, *, passed: bool,
