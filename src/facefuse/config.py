@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from facefuse.errors import InvalidArgumentError
+from facefuse.runtime.providers import validate_providers
 
 Precision = Literal["auto", "fp32", "int8", "fp16"]
 
@@ -33,9 +34,14 @@ class Settings:
     models_dir: Path | None = None
     #: ONNX Runtime intra-op threads per session (0 = ORT decides).
     threads: int = 1
-    #: Execution providers in order of preference, e.g. ``("cuda", "cpu")``.
+    #: Execution providers in order of preference: ``tensorrt``, ``cuda``, ``cpu``
+    #: (e.g. ``FACEFUSE_PROVIDERS=tensorrt,cuda,cpu``); unavailable ones are skipped
+    #: with a logged reason, shown per model in ``GET /v1/models``.
     providers: tuple[str, ...] = ("cpu",)
+    #: ``auto``: FP16 variants on a GPU provider, INT8 on the CPU, when they exist.
     precision: Precision = "auto"
+    #: Model batches through ORT's IO binding: ``auto`` (on for GPU sessions), ``on``, ``off``.
+    io_binding: Literal["auto", "on", "off"] = "auto"
     #: ONNX Runtime's CPU memory arena: on is faster to allocate; off returns a
     #: batch's activations after each call (lower peak RSS under micro-batching).
     ort_cpu_arena: bool = True
@@ -78,6 +84,10 @@ class Settings:
     #: see BENCHMARKS.md). On a GPU, 5-20 ms fills batches that cost ~one item.
     max_batch_size: int = 8
     max_queue_delay_ms: float = 0.0
+    #: The same two knobs when the models run on a GPU provider (a batch costs about
+    #: one item there, so a short wait that fills it pays). Not yet measured on a GPU.
+    gpu_max_batch_size: int = 32
+    gpu_max_queue_delay_ms: float = 5.0
     #: Items waiting per model queue; beyond it requests get 503 + Retry-After.
     max_queue_size: int = 64
     #: Switch micro-batching off for every route (batch of one, no queue delay).
@@ -149,6 +159,9 @@ class Settings:
         if self.precision not in ("auto", "fp32", "int8", "fp16"):
             raise InvalidArgumentError(
                 f"precision must be auto|fp32|int8|fp16, not {self.precision!r}")
+        if self.io_binding not in ("auto", "on", "off"):
+            raise InvalidArgumentError(f"io_binding must be auto|on|off, not {self.io_binding!r}")
+        validate_providers(self.providers)
         if self.detector not in ("full", "short"):
             raise InvalidArgumentError(f"detector must be full|short, not {self.detector!r}")
         if not 0.0 < self.det_score_threshold < 1.0:
@@ -160,7 +173,7 @@ class Settings:
 
 
 #: String fields that are keywords, so case does not matter.
-_ENUM_FIELDS = frozenset({"precision", "detector"})
+_ENUM_FIELDS = frozenset({"precision", "detector", "io_binding"})
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:
