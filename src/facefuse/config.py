@@ -42,6 +42,9 @@ class Settings:
     precision: Precision = "auto"
     #: Model batches through ORT's IO binding: ``auto`` (on for GPU sessions), ``on``, ``off``.
     io_binding: Literal["auto", "on", "off"] = "auto"
+    #: Where the fusion pixel stages run: ``opencv``, ``onnx`` (ORT graphs on the
+    #: session providers) or ``auto`` (``onnx`` on a GPU provider, else ``opencv``).
+    pixel_backend: Literal["auto", "opencv", "onnx"] = "auto"
     #: ONNX Runtime's CPU memory arena: on is faster to allocate; off returns a
     #: batch's activations after each call (lower peak RSS under micro-batching).
     ort_cpu_arena: bool = True
@@ -161,6 +164,9 @@ class Settings:
                 f"precision must be auto|fp32|int8|fp16, not {self.precision!r}")
         if self.io_binding not in ("auto", "on", "off"):
             raise InvalidArgumentError(f"io_binding must be auto|on|off, not {self.io_binding!r}")
+        if self.pixel_backend not in ("auto", "opencv", "onnx"):
+            raise InvalidArgumentError(
+                f"pixel_backend must be auto|opencv|onnx, not {self.pixel_backend!r}")
         validate_providers(self.providers)
         if self.detector not in ("full", "short"):
             raise InvalidArgumentError(f"detector must be full|short, not {self.detector!r}")
@@ -173,7 +179,7 @@ class Settings:
 
 
 #: String fields that are keywords, so case does not matter.
-_ENUM_FIELDS = frozenset({"precision", "detector", "io_binding"})
+_ENUM_FIELDS = frozenset({"precision", "detector", "io_binding", "pixel_backend"})
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:
