@@ -55,7 +55,7 @@ from facefuse.models.quantize.calibration import build_stage_data, evaluation_pl
 from facefuse.models.quantize.evaluate import Evaluator
 from facefuse.models.registry import ModelRegistry
 from facefuse.samples import fetch_samples
-from report import machine
+from report import machine, machine_line, write_section
 from torch_graphs import TorchGraph, torch_model
 
 MODELS = ("blazeface_full", "facemesh", "iris", "dlib_resnet")
@@ -281,11 +281,13 @@ def throughput(models: dict[str, Any], pixels: dict[str, Any], device: str) -> d
 def markdown(res: dict[str, Any]) -> str:
     env, batches = res["environment"], res["args"]["batches"]
     lines = [f"Device: {env['device_name']} (torch {env['torch']}, onnxruntime "
-             f"{env['onnxruntime']} on the CPU); host CPU: {env['cpu']}.", "",
-             "| model | precision | gate vs ORT CPU FP32 | "
-             + " | ".join(f"batch {b} (ms/item)" for b in batches) + " |",
-             "|---|---|---|" + "---:|" * len(batches)]
-    for name in [n for n in res["args"]["models"] if n in res["models"]]:
+             f"{env['onnxruntime']} on the CPU); host CPU: {env['cpu']} (shared)."]
+    names = [n for n in res["args"]["models"] if n in res["models"]]
+    if names:
+        lines += ["", "| model | precision | gate vs ORT CPU FP32 | "
+                  + " | ".join(f"batch {b} (ms/item)" for b in batches) + " |",
+                  "|---|---|---|" + "---:|" * len(batches)]
+    for name in names:
         for prec in ("fp32", "fp16", "onnxruntime_cpu_fp32"):
             row = res["models"][name][prec]
             lat = row["ms_per_item"]
@@ -293,8 +295,10 @@ def markdown(res: dict[str, Any]) -> str:
             label = "ORT CPU fp32" if prec.startswith("onnx") else f"torch {prec}"
             lines.append(f"| {name} | {label} | {row.get('gate', '—')} | " + " | ".join(cells)
                          + " |")
-    lines += ["", "| target long side | face px | backend | remap | lighting | multiband "
-              "| fusion stage | PSNR vs OpenCV (dB) |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    if res["pixels"]:
+        lines += ["", "| target long side | face px | backend | remap | lighting | multiband "
+                  "| fusion stage | PSNR vs OpenCV (dB) |",
+                  "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for size, row in res["pixels"].items():
         for bname, r in row.items():
             if not isinstance(r, dict):
@@ -303,9 +307,10 @@ def markdown(res: dict[str, Any]) -> str:
                          f"{r['remap_ms_per_face']:.1f} | {r['lighting_ms_per_face']:.1f} | "
                          f"{r['multiband_ms_per_face']:.1f} | {r['fuse_stage_ms']:.1f} | "
                          f"{r['psnr_vs_opencv_db']:.1f} |")
-    lines += ["", "| precision | model ms per fusion (batch: ms) | best batch | batching gain "
-              "| fusions/s (models) | fusions/s (models + pixels) |",
-              "|---|---|---:|---:|---:|---:|"]
+    if res["throughput"]:
+        lines += ["", "| precision | model ms per fusion (batch: ms) | best batch | batching "
+                  "gain | fusions/s (models) | fusions/s (models + pixels) |",
+                  "|---|---|---:|---:|---:|---:|"]
     for prec, t in res["throughput"].items():
         per = ", ".join(f"{b}: {v:.2f}" for b, v in t["model_ms_per_fusion"].items())
         lines.append(f"| {prec} | {per} | {t['best_batch']} | {t['batching_gain']:.1f}× | "
@@ -332,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--per-photo", type=int, default=3, help="augmentations per sample photo")
     ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--benchmarks", action="store_true",
+                    help="also write the 'gpu_check' section of BENCHMARKS.md")
     args = ap.parse_args(argv)
     if unknown := set(args.models) - set(MODELS):
         ap.error(f"unknown models {sorted(unknown)}; choose from {', '.join(MODELS)}")
@@ -359,6 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "gpu_check.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     (args.out / "gpu_check.md").write_text(markdown(res))
     print(markdown(res))
+    if args.benchmarks:
+        gpu = args.device.startswith("cuda")
+        cmd = " ".join(["python bench/gpu_check.py", *(argv if argv is not None else sys.argv[1:])])
+        write_section("gpu_check", "\n".join([
+            "## GPU check (`bench/gpu_check.py`)", "",
+            machine_line(env) + ("" if gpu else " **No GPU: these are CPU figures only; the "
+                                 "GPU figures are still missing** (see docs/gpu.md)."),
+            f"Command: `{cmd}`. Pixel stages: ms per face (the remap runs twice per face), "
+            "fusion stage = `fuse_faces` without evaluation, PSNR of the fused image "
+            "against the OpenCV path.", "", markdown(res)]))
     print(f"wrote {args.out}/gpu_check.json and gpu_check.md in {res['wall_s']} s")
     return 0
 
