@@ -10,7 +10,8 @@ PIP := $(PY) -m pip
 export FACEFUSE_HOME ?= $(HOME)/.cache/facefuse
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: install models samples setup demo serve test lint bench bench-serve quantize clean system-deps
+.PHONY: install models samples setup demo serve test lint bench bench-serve quantize clean system-deps \
+	bench-gpu-deps gpu-check-cpu gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,20 @@ bench: setup
 
 bench-serve: setup
 	$(PY) bench/serve.py
+
+# bench/gpu_check.py's own dependencies (never the product's): PyTorch, and onnx2torch
+# without its torchvision requirement (only its NMS/RoIAlign converters use it).
+bench-gpu-deps: install
+	$(PIP) install -q -e '.[bench]'
+	$(PIP) install -q --no-deps onnx2torch==1.5.15
+
+# The GPU check end to end on this machine's CPU, small (see docs/gpu.md for the GPU run).
+gpu-check-cpu: setup bench-gpu-deps
+	$(PY) bench/gpu_check.py --device cpu --iters 2 --batches 1,8 --sizes 1024 --per-photo 1
+
+# The wheels to carry to a GPU machine that has PyTorch but no registry (see docs/gpu.md).
+gpu-wheels:
+	$(PIP) download -q --no-deps -d .whl onnx2torch==1.5.15
 
 quantize: setup
 	$(VENV)/bin/facefuse models quantize --benchmarks BENCHMARKS.md

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from facefuse.errors import InvalidArgumentError
 
@@ -35,9 +35,17 @@ class Settings:
     models_dir: Path | None = None
     #: ONNX Runtime intra-op threads per session (0 = ORT decides).
     threads: int = 1
-    #: Execution providers in order of preference, e.g. ``("cuda", "cpu")``.
+    #: Execution providers in order of preference: ``tensorrt``, ``cuda``, ``cpu``
+    #: (e.g. ``FACEFUSE_PROVIDERS=tensorrt,cuda,cpu``); unavailable ones are skipped
+    #: with a logged reason, shown per model in ``GET /v1/models``.
     providers: tuple[str, ...] = ("cpu",)
+    #: ``auto``: FP16 variants on a GPU provider, INT8 on the CPU, when they exist.
     precision: Precision = "auto"
+    #: Model batches through ORT's IO binding: ``auto`` (on for GPU sessions), ``on``, ``off``.
+    io_binding: Literal["auto", "on", "off"] = "auto"
+    #: Where the fusion pixel stages run: ``opencv``, ``onnx`` (ORT graphs on the
+    #: session providers) or ``auto`` (``onnx`` on a GPU provider, else ``opencv``).
+    pixel_backend: Literal["auto", "opencv", "onnx"] = "auto"
     #: ONNX Runtime's CPU memory arena: on is faster to allocate; off returns a
     #: batch's activations after each call (lower peak RSS under micro-batching).
     ort_cpu_arena: bool = True
@@ -80,6 +88,10 @@ class Settings:
     #: see BENCHMARKS.md). On a GPU, 5-20 ms fills batches that cost ~one item.
     max_batch_size: int = 8
     max_queue_delay_ms: float = 0.0
+    #: The same two knobs when the models run on a GPU provider (a batch costs about
+    #: one item there, so a short wait that fills it pays). Not yet measured on a GPU.
+    gpu_max_batch_size: int = 32
+    gpu_max_queue_delay_ms: float = 5.0
     #: Items waiting per model queue; beyond it requests get 503 + Retry-After.
     max_queue_size: int = 64
     #: Switch micro-batching off for every route (batch of one, no queue delay).
@@ -166,6 +178,12 @@ class Settings:
         return [
             (s.precision in ("auto", "fp32", "int8", "fp16"),
              f"precision must be auto|fp32|int8|fp16, not {s.precision!r}"),
+            (all(p in PROVIDER_NAMES or p in PROVIDER_NAMES.values() for p in s.providers),
+             f"unknown execution provider in {','.join(s.providers)}; use tensorrt, cuda or cpu"),
+            (s.io_binding in ("auto", "on", "off"),
+             f"io_binding must be auto|on|off, not {s.io_binding!r}"),
+            (s.pixel_backend in ("auto", "opencv", "onnx"),
+             f"pixel_backend must be auto|opencv|onnx, not {s.pixel_backend!r}"),
             (s.detector in ("full", "short"), f"detector must be full|short, not {s.detector!r}"),
             (0.0 < s.det_score_threshold < 1.0, "det_score_threshold must be in (0, 1)"),
             (0.0 < s.det_nms_iou < 1.0, "det_nms_iou must be in (0, 1)"),
@@ -177,6 +195,8 @@ class Settings:
             (s.max_batch_size >= 1, "max_batch_size must be >= 1"),
             (s.max_queue_delay_ms >= 0, "max_queue_delay_ms must be >= 0"),
             (s.max_queue_size >= 1, "max_queue_size must be >= 1"),
+            (s.gpu_max_batch_size >= 1, "gpu_max_batch_size must be >= 1"),
+            (s.gpu_max_queue_delay_ms >= 0, "gpu_max_queue_delay_ms must be >= 0"),
             (s.max_inflight >= 1 and s.max_active >= 1, "max_inflight and max_active >= 1"),
             (s.request_timeout_s > 0, "request_timeout_s must be > 0"),
             (s.inference_workers >= 1 and s.cpu_workers >= 1,
@@ -192,11 +212,19 @@ class Settings:
         ]
 
 
+#: Short names accepted in ``FACEFUSE_PROVIDERS`` → ONNX Runtime provider names.
+PROVIDER_NAMES: Final[Mapping[str, str]] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+}
+
 #: Log levels the service accepts (Python's, lower case).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 #: String fields that are keywords, so case does not matter.
-_ENUM_FIELDS = frozenset({"precision", "detector", "log_level"})
+_ENUM_FIELDS = frozenset({"precision", "detector", "log_level", "io_binding", "pixel_backend"})
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

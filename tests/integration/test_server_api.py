@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import onnxruntime as ort
 import pytest
 from PIL import Image
 from server_harness import (
@@ -46,6 +47,10 @@ def server(
         "FACEFUSE_MAX_BODY_BYTES": str(BODY_LIMIT),
         # A longer wait for company than the default, so 8 clients surely share batches.
         "FACEFUSE_MAX_QUEUE_DELAY_MS": "20",
+        # A GPU-first provider list on a CPU host: every model falls back, batches run
+        # through IO binding, and the API must answer exactly as on the defaults.
+        "FACEFUSE_PROVIDERS": "tensorrt,cuda,cpu",
+        "FACEFUSE_IO_BINDING": "on",
     }, name="api")
     proc.start()
     yield proc
@@ -185,6 +190,8 @@ def test_models_lists_versions_and_providers(client: httpx.Client) -> None:
     for m in models.values():
         assert len(m["sha256"]) == 64 and m["sha256"].startswith(m["version"])
         assert m["provider"] == "CPUExecutionProvider"
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            assert any("CUDAExecutionProvider" in r for r in m["fallbacks"]), m
 
 
 # --- batching -----------------------------------------------------------------------------

@@ -24,17 +24,21 @@ from facefuse.fusion.swappers.base import FaceLayer, Swapper
 from facefuse.fusion.swappers.classic import ClassicSwapper
 from facefuse.fusion.swappers.onnx import SWAP_TASK, OnnxSwapper
 from facefuse.fusion.types import FusedFace, FuseOptions, FusionResult
-from facefuse.imaging.blend import alpha_blend, laplacian_blend, poisson_blend
+from facefuse.imaging.blend import alpha_blend, poisson_blend
 from facefuse.imaging.decode import ImageInput
+from facefuse.imaging.pixels import OpenCVPixels, PixelBackend, pixel_backend
 
 
-def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str) -> None:
-    """Blend ``layer`` into ``image`` (in place) over the layer's region only."""
+def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str,
+                pixels: PixelBackend | None = None) -> None:
+    """Blend ``layer`` into ``image`` (in place) over the layer's region only
+    (multi-band on ``pixels``, default OpenCV)."""
     x0, y0, x1, y1 = layer.region
     bg = image[y0:y1, x0:x1]
-    fg = np.clip(layer.face, 0, 255)
+    fg = np.clip(layer.face, 0, 255).astype(np.float32)
+    out: np.ndarray
     if mode == "multiband":
-        out = laplacian_blend(fg, bg, layer.mask)
+        out = (pixels or OpenCVPixels()).multiband(fg, bg, layer.mask)
     elif mode == "poisson":
         out = poisson_blend(fg, bg, layer.mask)
     else:
@@ -53,7 +57,9 @@ class FaceFuser:
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.analyser = analyser or FaceAnalyser(self.settings)
-        self.swappers: dict[str, Swapper] = {"classic": ClassicSwapper()}
+        #: Where the remap, lighting and multi-band blend run (``FACEFUSE_PIXEL_BACKEND``).
+        self.pixels = pixel_backend(self.settings)
+        self.swappers: dict[str, Swapper] = {"classic": ClassicSwapper(pixels=self.pixels)}
         # Every manifest "swap" entry, loaded on first use (see docs/swappers.md).
         registry = self.analyser.registry
         for spec in registry.manifest.for_task(SWAP_TASK):
@@ -138,7 +144,7 @@ class FaceFuser:
                                 {"fuse": 0.0}, ["degree 0: target returned unchanged"])
         for i in chosen:
             layer = swapper.render(source_rgb, source_face, out, target_faces[i], options)
-            blend_layer(out, layer, options.blend)
+            blend_layer(out, layer, options.blend, self.pixels)
             fused.append(FusedFace(i, target_faces[i], layer.region, layer.mask))
         t = timer.add("fuse", t)
         if options.evaluate:

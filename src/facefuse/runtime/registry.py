@@ -18,19 +18,29 @@ import numpy as np
 import onnxruntime as ort
 
 from facefuse.config import Settings
+from facefuse.runtime.batch_policy import TYPICAL_BATCH
+from facefuse.runtime.binding import run_bound
 from facefuse.runtime.manifest import Manifest, ModelSpec, verify_file
-from facefuse.runtime.session import create_session
+from facefuse.runtime.providers import ShapeProfile, device_of, session_fallbacks
+from facefuse.runtime.session import create_session, provider_plan
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A verified model and its ONNX Runtime session."""
+    """A verified model and its ONNX Runtime session.
+
+    ``fallbacks``: why a requested execution provider is not the one in use
+    (empty when the first choice runs it); ``io_binding``: batches run through
+    :func:`~facefuse.runtime.binding.run_bound` on the session's device.
+    """
 
     spec: ModelSpec
     session: ort.InferenceSession
     path: Path
+    fallbacks: tuple[str, ...] = ()
+    io_binding: bool = False
 
     @property
     def input_name(self) -> str:
@@ -42,16 +52,29 @@ class LoadedModel:
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run with positional inputs (in manifest order); returns all outputs."""
+        if self.io_binding:
+            return run_bound(self.session, [t.name for t in self.spec.inputs], inputs,
+                             device_of(self.provider))
         feeds = {t.name: x for t, x in zip(self.spec.inputs, inputs, strict=True)}
         out: list[Any] = self.session.run(None, feeds)
         return [np.asarray(o) for o in out]
 
 
 def gpu_requested(settings: Settings) -> bool:
-    return any(p in ("cuda", "tensorrt", "trt") for p in settings.providers) and any(
-        p in ort.get_available_providers()
-        for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-    )
+    """True when a requested GPU provider exists in this onnxruntime build."""
+    return provider_plan(settings).gpu
+
+
+def shape_profile(spec: ModelSpec, max_batch: int) -> ShapeProfile | None:
+    """TensorRT's profile for a model with a dynamic batch axis (None: fixed shapes)."""
+    if not spec.inputs or not all(isinstance(t.shape[0], str) for t in spec.inputs):
+        return None
+    dims = {t.name: tuple(int(d) for d in t.shape[1:]) for t in spec.inputs
+            if all(isinstance(d, int) for d in t.shape[1:])}
+    if len(dims) != len(spec.inputs):
+        return None
+    top = max(1, max_batch)
+    return ShapeProfile(dims, 1, min(TYPICAL_BATCH, top), top)
 
 
 def choose_variant(manifest: Manifest, name: str, settings: Settings) -> ModelSpec:
@@ -131,9 +154,17 @@ class ModelRegistry:
         optimized = None
         if self.settings.optimized_cache is not None:
             optimized = self.settings.optimized_cache / f"{spec.sha256[:16]}.opt.onnx"
-        session = create_session(path, self.settings, optimized_path=optimized)
-        log.info("loaded model %s (%s, %s)", spec.name, spec.precision, session.get_providers()[0])
-        return LoadedModel(spec=spec, session=session, path=path)
+        s = self.settings
+        profile = shape_profile(spec, max(s.max_batch_size, s.gpu_max_batch_size))
+        session = create_session(path, s, optimized_path=optimized, profile=profile)
+        kept = session.get_providers()
+        fallbacks = tuple(session_fallbacks(provider_plan(s, profile), kept))
+        for reason in fallbacks:
+            log.warning("model %s: %s", spec.name, reason)
+        bind = s.io_binding == "on" or (s.io_binding == "auto" and device_of(kept[0]) != "cpu")
+        log.info("loaded model %s (%s, %s)", spec.name, spec.precision, kept[0])
+        return LoadedModel(spec=spec, session=session, path=path, fallbacks=fallbacks,
+                           io_binding=bind)
 
     def loaded(self) -> dict[str, LoadedModel]:
         """The models loaded so far, by base name."""

@@ -15,44 +15,29 @@ import onnxruntime as ort
 
 from facefuse.config import Settings
 from facefuse.errors import ModelCorruptError
+from facefuse.runtime.providers import ProviderPlan, ShapeProfile, plan_providers
 
 log = logging.getLogger(__name__)
 
-_PROVIDER_NAMES = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "trt": "TensorrtExecutionProvider",
-}
+def provider_plan(settings: Settings, profile: ShapeProfile | None = None) -> ProviderPlan:
+    """:func:`~facefuse.runtime.providers.plan_providers` for ``settings`` on this host."""
+    return plan_providers(settings.providers, ort.get_available_providers(),
+                          precision=settings.precision, cache_dir=settings.optimized_cache,
+                          profile=profile)
 
 
-def resolve_providers(settings: Settings) -> list[str | tuple[str, dict[str, Any]]]:
+def resolve_providers(
+    settings: Settings, profile: ShapeProfile | None = None
+) -> list[str | tuple[str, dict[str, Any]]]:
     """Map ``settings.providers`` to ORT provider entries that exist on this host.
 
     Unavailable providers are dropped with a logged reason; the CPU provider is
     always last so a session can always be built.
     """
-    available = set(ort.get_available_providers())
-    chosen: list[str | tuple[str, dict[str, Any]]] = []
-    for short in settings.providers:
-        name = _PROVIDER_NAMES.get(short, short)
-        if name not in available:
-            log.warning(
-                "execution provider %s requested but not available in this onnxruntime "
-                "build (have: %s); falling back", name, ", ".join(sorted(available)),
-            )
-            continue
-        if name == "TensorrtExecutionProvider":
-            opts: dict[str, Any] = {"trt_fp16_enable": settings.precision in ("fp16", "auto")}
-            if settings.optimized_cache is not None:
-                opts["trt_engine_cache_enable"] = True
-                opts["trt_engine_cache_path"] = str(settings.optimized_cache / "trt")
-            chosen.append((name, opts))
-        elif name not in [c if isinstance(c, str) else c[0] for c in chosen]:
-            chosen.append(name)
-    if "CPUExecutionProvider" not in chosen:
-        chosen.append("CPUExecutionProvider")
-    return chosen
+    plan = provider_plan(settings, profile)
+    for reason in plan.fallbacks:
+        log.warning("execution provider fallback: %s", reason)
+    return list(plan.entries)
 
 
 def session_options(settings: Settings, optimized_path: Path | None = None) -> ort.SessionOptions:
@@ -79,9 +64,15 @@ def session_options(settings: Settings, optimized_path: Path | None = None) -> o
 
 
 def create_session(
-    model: Path | bytes, settings: Settings, *, optimized_path: Path | None = None
+    model: Path | bytes,
+    settings: Settings,
+    *,
+    optimized_path: Path | None = None,
+    profile: ShapeProfile | None = None,
 ) -> ort.InferenceSession:
     """Open an ONNX model (a path or the serialized bytes) as an InferenceSession.
+
+    ``profile``: the model's input shapes and batch range (TensorRT's shape profile).
 
     Raises :class:`ModelCorruptError` when ONNX Runtime cannot parse the model.
     """
@@ -90,7 +81,7 @@ def create_session(
         return ort.InferenceSession(
             source,
             sess_options=session_options(settings, optimized_path),
-            providers=resolve_providers(settings),
+            providers=resolve_providers(settings, profile),
         )
     except Exception as exc:  # ORT raises several private exception types
         name = "model bytes" if isinstance(model, bytes) else str(model)

@@ -52,7 +52,10 @@ from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
 from facefuse.imaging.encode import content_type, encode_image
+from facefuse.runtime.batch_policy import batch_policy, warm_batch_sizes
+from facefuse.runtime.providers import device_of
 from facefuse.runtime.registry import ModelRegistry
+from facefuse.runtime.warmup import warm_up
 from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher
 from facefuse.serving.cache.keys import analysis_key, phash, pixels_sha256
 from facefuse.serving.cache.lru import ByteLRU
@@ -189,6 +192,10 @@ class Pipeline:
             max(1, settings.cpu_workers), thread_name_prefix="ff-cpu"
         )
         self.l1: ByteLRU[str, Analysis] = ByteLRU(settings.l1_cache_bytes, _analysis_nbytes)
+        # The models are loaded by now: the policy follows where they really run.
+        self.policy = batch_policy(settings, gpu=any(
+            device_of(registry.get(n).provider) != "cpu" for n in self.model_names))
+        log.info("batch policy", extra={"fields": self.policy.to_dict()})
         self._batched = {n: self._batcher(n, enabled=settings.batching) for n in self.model_names}
         self._direct = {n: self._batcher(n, enabled=False) for n in self.model_names}
         self._versions = self._model_versions()
@@ -204,8 +211,8 @@ class Pipeline:
             name,
             self._runner(name),
             executor=self.infer_pool,
-            max_batch_size=s.max_batch_size,
-            max_queue_delay_ms=s.max_queue_delay_ms,
+            max_batch_size=self.policy.max_batch_size,
+            max_queue_delay_ms=self.policy.max_queue_delay_ms,
             max_queue_size=s.max_queue_size,
             enabled=enabled,
             # As many batches of one model at a time as there are inference threads:
@@ -242,11 +249,12 @@ class Pipeline:
         return self._versions
 
     def warmup(self) -> None:
-        """Run each batched model once on zeros (first ORT runs are slow). Blocking."""
+        """Run each batched model on zeros at the batch sizes the batcher forms
+        (1, 8 and the largest): first ORT runs of a shape are slow, and on a GPU
+        each new shape may build kernels or a TensorRT engine. Blocking."""
+        sizes = warm_batch_sizes(self.policy.max_batch_size if self.settings.batching else 1)
         for name in self.model_names:
-            spec = self.registry.get(name).spec
-            shape = [1 if isinstance(d, str) else int(d) for d in spec.inputs[0].shape]
-            self.registry.get(name).run(np.zeros(shape, np.float32))
+            warm_up(self.registry.get(name), sizes)
 
     def start(self) -> None:
         """Start every batcher on the running event loop."""

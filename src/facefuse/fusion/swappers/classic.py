@@ -19,13 +19,15 @@ from facefuse.faces.types import Face
 from facefuse.fusion import mask as masks
 from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.base import FaceLayer
-from facefuse.fusion.texture import transfer_lighting
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.color import match_sharpness
-from facefuse.imaging.warp import delaunay, piecewise_affine_maps, remap_region
+from facefuse.imaging.pixels import OpenCVPixels, PixelBackend
+from facefuse.imaging.warp import delaunay, piecewise_affine_maps
 
 #: Lighting-transfer blur as a fraction of the outer-eye-corner distance.
 LIGHTING_SIGMA_FRACTION = 0.2
+#: Clamp on the lighting transfer's per-pixel, per-channel gain.
+LIGHTING_MAX_GAIN = 3.0
 MESH_POINTS = 468
 #: Share of the target's own eye openings (lids, sclera, iris) kept in the layer:
 #: the lids are expression, and the source's lid texture squeezed into the target's
@@ -62,12 +64,17 @@ def _crop_scaled(
 
 
 class ClassicSwapper:
-    """The default swapper; needs only the analysis models."""
+    """The default swapper; needs only the analysis models.
+
+    ``pixels``: where the remaps and the lighting transfer run (default OpenCV).
+    """
 
     name = "classic"
 
-    def __init__(self, work_eye_px: float = WORK_EYE_PX) -> None:
+    def __init__(self, work_eye_px: float = WORK_EYE_PX,
+                 pixels: PixelBackend | None = None) -> None:
         self.work_eye_px = work_eye_px
+        self.pixels: PixelBackend = pixels or OpenCVPixels()
 
     def render(
         self,
@@ -130,17 +137,18 @@ class ClassicSwapper:
         outside = ~valid
         # Outside the mesh the maps are undefined: use the target's own pixels there,
         # so coarse pyramid levels of the blend never see invented content.
-        target_layer = remap_region(tgt_img, mx_t, my_t).astype(np.float32)
+        target_layer = self.pixels.remap(tgt_img, mx_t, my_t)
         target_layer[outside] = bg[outside]
         mask = masks.oval_mask(dst, frame, feather) * valid.astype(np.float32)
         w_tex = options.texture_weight
         if w_tex <= 0.0:
             return target_layer, mask
-        source_layer = remap_region(src_img, mx_s, my_s).astype(np.float32)
+        source_layer = self.pixels.remap(src_img, mx_s, my_s)
         source_layer[outside] = target_layer[outside]
         skin = (mask > 0.5).astype(np.float32)
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
-        source_layer = transfer_lighting(source_layer, target_layer, skin, sigma)
+        source_layer = self.pixels.lighting(source_layer, target_layer, skin, sigma,
+                                            LIGHTING_MAX_GAIN)
         source_layer = match_sharpness(source_layer, target_layer, skin)
         alpha = np.full(mask.shape, w_tex, np.float32)
         alpha *= 1.0 - masks.mouth_interior_mask(dst, frame, feather)
