@@ -370,8 +370,7 @@ async def readyz(request: Request) -> JSONResponse:
     models_ok = pipeline is not None and all(
         n in pipeline.registry.loaded() for n in pipeline.model_names)
     batchers_ok = pipeline is not None and pipeline.running
-    ping = getattr(svc.l2, "ping", None)
-    l2_ok = bool(await ping()) if ping is not None else svc.l2.healthy
+    l2_ok = await svc.l2.ping()
     if not (models_ok and batchers_ok) or svc.draining:
         status, code = "not_ready", 503
     else:
@@ -379,7 +378,7 @@ async def readyz(request: Request) -> JSONResponse:
     body = {
         "status": status,
         "checks": {"models": models_ok, "batchers": batchers_ok,
-                   "l2": "redis" if ping is not None else "memory", "l2_healthy": l2_ok,
+                   "l2": svc.l2.kind, "l2_healthy": l2_ok,
                    "draining": svc.draining},
     }
     return JSONResponse(body, status_code=code)
