@@ -20,9 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from facefuse.errors import DeadlineExceededError, InvalidArgumentError, NoFaceError
-from facefuse.faces.recognizer import distance
+from facefuse.faces.recognizer import cosine_similarity, distance
 from facefuse.faces.types import Face
-from facefuse.fusion.quality import cosine
 from facefuse.fusion.types import FuseOptions
 from facefuse.serving.cache.keys import result_key, sha256_hex
 from facefuse.serving.cache.results import CachedResult
@@ -305,7 +304,7 @@ async def verify(request: Request) -> JSONResponse:
     dist = float(distance(fa.embedding_raw, fb.embedding_raw))
     threshold = svc.settings.same_person_distance
     body = {
-        "similarity": round(cosine(fa.embedding, fb.embedding), 6),
+        "similarity": round(float(cosine_similarity(fa.embedding, fb.embedding)), 6),
         "distance": round(dist, 6),
         "threshold": threshold,
         "same_person": dist < threshold,
