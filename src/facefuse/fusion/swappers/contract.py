@@ -90,14 +90,25 @@ def parse_contract(spec: ModelSpec) -> SwapContract:
     Raises:
         ModelCorruptError: naming the first field that is wrong.
     """
-    n = spec.name
     if spec.task != SWAP_TASK:
-        raise breach(n, f"task is {spec.task!r}, not {SWAP_TASK!r}")
-    pre = spec.preprocessing
+        raise breach(spec.name, f"task is {spec.task!r}, not {SWAP_TASK!r}")
+    s, mean, std = _check_preprocessing(spec)
+    d = _check_io(spec, s)
+    e = _check_extra(spec)
+    return SwapContract(
+        name=spec.name, size=s, template=e.template, padding=e.padding,
+        recognizer=e.recognizer, latent=e.latent, latent_dims=d,
+        projection=e.projection, output_range=e.output_range,
+        mean=mean, std=std, bgr=spec.preprocessing.color == "BGR",
+    )
+
+
+def _check_preprocessing(spec: ModelSpec) -> tuple[int, np.ndarray, np.ndarray]:
+    """(crop size S, mean (3,), std (3,)) of a valid ``preprocessing`` block."""
+    n, pre = spec.name, spec.preprocessing
     size = tuple(pre.size)
     if len(size) != 2 or size[0] != size[1] or static_dim(size[0]) is None or int(size[0]) < 8:
         raise breach(n, f"preprocessing.size must be a square [S, S] with S >= 8, got {list(size)}")
-    s = int(size[0])
     if pre.layout != "NCHW":
         raise breach(n, f"preprocessing.layout must be NCHW, got {pre.layout!r}")
     if pre.color not in ("RGB", "BGR"):
@@ -108,6 +119,13 @@ def parse_contract(spec: ModelSpec) -> SwapContract:
         raise breach(n, "preprocessing.mean and .std must be 3 numbers each")
     if not np.all(np.isfinite(std)) or np.any(std == 0):
         raise breach(n, f"preprocessing.std must be finite and non-zero, got {list(pre.std)}")
+    return int(size[0]), mean, std
+
+
+def _check_io(spec: ModelSpec, s: int) -> int:
+    """The latent size D of valid inputs ``target`` [N, 3, S, S], ``source`` [N, D] and
+    output [N, 3, S, S]."""
+    n = spec.name
     if len(spec.inputs) != 2:
         raise breach(n, f"needs 2 inputs [target, source], the manifest lists {len(spec.inputs)}")
     if len(spec.outputs) != 1:
@@ -124,7 +142,22 @@ def parse_contract(spec: ModelSpec) -> SwapContract:
     if d is None or d < 1:
         raise breach(n, f"input 'source' {src.name!r} must be [N, D] with a fixed D, "
                         f"got {src.shape}")
-    extra = spec.extra
+    return d
+
+
+@dataclass(frozen=True)
+class _Extra:
+    template: str
+    recognizer: str
+    latent: str
+    projection: str | None
+    output_range: str
+    padding: float
+
+
+def _check_extra(spec: ModelSpec) -> _Extra:
+    """The swap-specific fields of ``extra``, checked."""
+    n, extra = spec.name, spec.extra
     template = extra.get("template")
     if template not in TEMPLATES:
         raise breach(n, f"extra.template must be one of {', '.join(TEMPLATES)}, got {template!r}")
@@ -149,12 +182,8 @@ def parse_contract(spec: ModelSpec) -> SwapContract:
     padding = extra.get("chip_padding", 0.25)
     if not isinstance(padding, int | float) or not 0.0 <= float(padding) < 2.0:
         raise breach(n, f"extra.chip_padding must be a number in [0, 2), got {padding!r}")
-    return SwapContract(
-        name=n, size=s, template=str(template), padding=float(padding),
-        recognizer=recognizer, latent=str(latent), latent_dims=d,
-        projection=projection, output_range=str(output_range),
-        mean=mean, std=std, bgr=pre.color == "BGR",
-    )
+    return _Extra(str(template), recognizer, str(latent), projection, str(output_range),
+                  float(padding))
 
 
 def _is_plain_name(name: str) -> bool:
