@@ -184,6 +184,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one flat declaration of every subcommand and its options
+    (long, but a list, so it reads best in one place)."""
     p = argparse.ArgumentParser(prog="facefuse", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log progress")
     sub = p.add_subparsers(dest="command", required=True)

@@ -397,6 +397,7 @@ def test_zz_server_is_healthy_and_counted_no_500(
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.json()["checks"]["l2"] == "memory"  # no Redis configured
     r = client.post("/v1/faces", files={"image": ("a.jpg", photos["obama3"])})
     assert r.status_code == 200 and len(r.json()["faces"]) >= 1
     text = client.get("/metrics").text

@@ -32,16 +32,15 @@ from facefuse.faces.recognizer import normalize
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.swappers import onnx as onnx_swapper
-from facefuse.fusion.swappers.onnx import (
-    OnnxSwapper,
+from facefuse.fusion.swappers.contract import parse_contract
+from facefuse.fusion.swappers.crop import (
     align_transform,
     arcface_points,
     crop_face,
-    last_initializer,
-    parse_contract,
     paste_back,
     template_points,
 )
+from facefuse.fusion.swappers.onnx import OnnxSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.runtime.files import sha256_file
 from facefuse.runtime.manifest import (
@@ -51,6 +50,7 @@ from facefuse.runtime.manifest import (
     Source,
     TensorSpec,
 )
+from facefuse.runtime.onnx_file import last_initializer
 from facefuse.runtime.registry import ModelRegistry
 
 OPSET = 17

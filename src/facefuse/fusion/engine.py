@@ -22,7 +22,8 @@ from facefuse.fusion.quality import compare_faces, seam_scores
 from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.swappers.base import FaceLayer, Swapper
 from facefuse.fusion.swappers.classic import ClassicSwapper
-from facefuse.fusion.swappers.onnx import SWAP_TASK, OnnxSwapper
+from facefuse.fusion.swappers.contract import SWAP_TASK
+from facefuse.fusion.swappers.onnx import OnnxSwapper
 from facefuse.fusion.types import FusedFace, FuseOptions, FusionResult
 from facefuse.imaging.blend import alpha_blend, poisson_blend
 from facefuse.imaging.decode import ImageInput

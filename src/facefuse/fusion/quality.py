@@ -14,21 +14,17 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from facefuse.faces.recognizer import cosine_similarity
 from facefuse.faces.types import Face
 from facefuse.fusion.geometry import openness, relative_pose
 from facefuse.fusion.mask import boundary_band
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    return float(np.dot(a, b) / (na * nb)) if na > 0 and nb > 0 else 0.0
 
 
 def identity_similarity(face: Face, source: Face) -> float | None:
     """Cosine similarity of two faces' identity embeddings; None when either has none."""
     if face.embedding is None or source.embedding is None:
         return None
-    return cosine(face.embedding, source.embedding)
+    return float(cosine_similarity(face.embedding, source.embedding))
 
 
 def gradient_energy(rgb: np.ndarray, band: np.ndarray) -> float:

@@ -23,7 +23,7 @@ from facefuse.errors import (
 )
 from facefuse.faces.types import Face
 from facefuse.fusion.geometry import eye_distance, head_pose
-from facefuse.fusion.quality import cosine
+from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.types import FuseOptions
 
 #: Faces whose outer eye corners are closer than this (pixels) are too small to fuse well.
@@ -137,9 +137,8 @@ def select_targets(faces: Sequence[Face], options: FuseOptions,
         if reference is None or reference.embedding is None:
             raise InvalidArgumentError("mode 'reference' needs a reference image with a face",
                                        code="reference_required")
-        sims = [cosine(reference.embedding, f.embedding) if f.embedding is not None else -1.0
-                for f in faces]
-        return [int(np.argmax(sims))]
+        sims = [identity_similarity(f, reference) for f in faces]
+        return [int(np.argmax([-1.0 if s is None else s for s in sims]))]
     idx = options.target_face_index or 0
     if idx >= len(faces):
         raise FaceIndexError(f"target face index {idx} out of range: the target has "

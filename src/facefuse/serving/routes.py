@@ -20,9 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from facefuse.errors import DeadlineExceededError, InvalidArgumentError, NoFaceError
-from facefuse.faces.recognizer import distance
+from facefuse.faces.recognizer import cosine_similarity, distance
 from facefuse.faces.types import Face
-from facefuse.fusion.quality import cosine
 from facefuse.fusion.types import FuseOptions
 from facefuse.serving.cache.keys import result_key, sha256_hex
 from facefuse.serving.cache.results import CachedResult
@@ -305,7 +304,7 @@ async def verify(request: Request) -> JSONResponse:
     dist = float(distance(fa.embedding_raw, fb.embedding_raw))
     threshold = svc.settings.same_person_distance
     body = {
-        "similarity": round(cosine(fa.embedding, fb.embedding), 6),
+        "similarity": round(float(cosine_similarity(fa.embedding, fb.embedding)), 6),
         "distance": round(dist, 6),
         "threshold": threshold,
         "same_person": dist < threshold,
@@ -370,8 +369,7 @@ async def readyz(request: Request) -> JSONResponse:
     models_ok = pipeline is not None and all(
         n in pipeline.registry.loaded() for n in pipeline.model_names)
     batchers_ok = pipeline is not None and pipeline.running
-    ping = getattr(svc.l2, "ping", None)
-    l2_ok = bool(await ping()) if ping is not None else svc.l2.healthy
+    l2_ok = await svc.l2.ping()
     if not (models_ok and batchers_ok) or svc.draining:
         status, code = "not_ready", 503
     else:
@@ -379,7 +377,7 @@ async def readyz(request: Request) -> JSONResponse:
     body = {
         "status": status,
         "checks": {"models": models_ok, "batchers": batchers_ok,
-                   "l2": "redis" if ping is not None else "memory", "l2_healthy": l2_ok,
+                   "l2": svc.l2.kind, "l2_healthy": l2_ok,
                    "draining": svc.draining},
     }
     return JSONResponse(body, status_code=code)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -478,6 +478,97 @@ def _out_size(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
+@dataclass
+class _Emitter:
+    """Emits the ONNX nodes of the parsed layers one at a time, tracking the current
+    tensor, its (C, H, W) shape (the batch dim stays symbolic) and the tagged ones."""
+
+    g: _Graph
+    cur: str
+    shape: Shape
+    tags: dict[int, tuple[str, Shape]] = field(default_factory=dict)
+    flat: bool = False
+
+    def emit(self, layer: Layer) -> None:
+        handlers: dict[type, Any] = {
+            Conv: self.conv, Affine: self.affine, Relu: self.relu, Pool: self.pool,
+            Tag: self.tag, Skip: self.skip, AddPrev: self.add_prev, Dense: self.dense,
+        }
+        handler = handlers.get(type(layer))
+        if handler is None:
+            raise BuildError(f"unsupported layer {layer!r}")
+        handler(layer)
+
+    def conv(self, layer: Conv) -> None:
+        o, i, kh, kw = layer.weight.shape
+        if i != self.shape[0]:
+            raise BuildError(f"conv expects {i} channels, got {self.shape[0]}")
+        (sy, sx), (py, px) = layer.stride, layer.pad
+        g = self.g
+        self.cur = g.node(
+            "Conv", [self.cur, g.const("w", layer.weight), g.const("b", layer.bias)], "conv",
+            kernel_shape=[kh, kw], strides=[sy, sx], pads=[py, px, py, px],
+        )
+        self.shape = (o, _out_size(self.shape[1], kh, sy, py),
+                      _out_size(self.shape[2], kw, sx, px))
+
+    def affine(self, layer: Affine) -> None:  # not after a conv: kept as Mul + Add
+        g = self.g
+        self.cur = g.node("Mul", [self.cur, g.const("gamma", layer.gamma.reshape(1, -1, 1, 1))],
+                          "mul")
+        self.cur = g.node("Add", [self.cur, g.const("beta", layer.beta.reshape(1, -1, 1, 1))],
+                          "add")
+
+    def relu(self, layer: Relu) -> None:
+        self.cur = self.g.node("Relu", [self.cur], "relu")
+
+    def pool(self, layer: Pool) -> None:
+        if layer.kernel == (0, 0):
+            if layer.mode != "avg":
+                raise BuildError("only average pooling over everything is supported")
+            self.cur = self.g.node("GlobalAveragePool", [self.cur], "gap")
+            self.cur = self.g.node("Flatten", [self.cur], "flat", axis=1)
+            self.shape, self.flat = (self.shape[0], 1, 1), True
+            return
+        (kh, kw), (sy, sx), (py, px) = layer.kernel, layer.stride, layer.pad
+        attrs: dict[str, Any] = {
+            "kernel_shape": [kh, kw], "strides": [sy, sx], "pads": [py, px, py, px],
+        }
+        if layer.mode == "avg":
+            attrs["count_include_pad"] = 0
+        op = "MaxPool" if layer.mode == "max" else "AveragePool"
+        self.cur = self.g.node(op, [self.cur], f"{layer.mode}pool", **attrs)
+        self.shape = (self.shape[0], _out_size(self.shape[1], kh, sy, py),
+                      _out_size(self.shape[2], kw, sx, px))
+
+    def tag(self, layer: Tag) -> None:
+        self.tags[layer.id] = (self.cur, self.shape)
+
+    def skip(self, layer: Skip) -> None:
+        self.cur, self.shape = self.tags[layer.id]
+
+    def add_prev(self, layer: AddPrev) -> None:
+        other, other_shape = self.tags[layer.id]
+        target: Shape = (
+            max(self.shape[0], other_shape[0]),
+            max(self.shape[1], other_shape[1]),
+            max(self.shape[2], other_shape[2]),
+        )
+        a = self.g.pad_to(self.cur, self.shape, target)
+        b = self.g.pad_to(other, other_shape, target)
+        self.cur, self.shape = self.g.node("Add", [a, b], "residual"), target
+
+    def dense(self, layer: Dense) -> None:
+        if not self.flat or layer.weight.shape[0] != self.shape[0]:
+            raise BuildError("fc layer must follow avg_pool_everything")
+        w = self.g.const("fc_w", layer.weight)
+        if layer.bias is None:
+            self.cur = self.g.node("MatMul", [self.cur, w], "fc")
+        else:
+            self.cur = self.g.node("Gemm", [self.cur, w, self.g.const("fc_b", layer.bias)], "fc")
+        self.shape = (layer.weight.shape[1], 1, 1)
+
+
 def build_onnx(layers: list[Layer]) -> Any:
     """Build the ONNX ``ModelProto`` for parsed layers (see the module docstring)."""
     from onnx import TensorProto, helper
@@ -490,76 +581,17 @@ def build_onnx(layers: list[Layer]) -> Any:
     mean = np.asarray(first.mean, np.float32).reshape(1, 3, 1, 1)
     cur = g.node("Sub", [INPUT_NAME, g.const("mean", mean)], "centred")
     cur = g.node("Mul", [cur, g.const("scale", np.full((1,), 1 / 256, np.float32))], "scaled")
-    shape: Shape = (3, rows, cols)  # (C, H, W); the batch dim stays symbolic
-    tags: dict[int, tuple[str, Shape]] = {}
-    flat = False
-
+    out = _Emitter(g, cur, (3, rows, cols))
     for layer in _fold(layers[1:]):
-        if isinstance(layer, Conv):
-            o, i, kh, kw = layer.weight.shape
-            if i != shape[0]:
-                raise BuildError(f"conv expects {i} channels, got {shape[0]}")
-            (sy, sx), (py, px) = layer.stride, layer.pad
-            cur = g.node(
-                "Conv", [cur, g.const("w", layer.weight), g.const("b", layer.bias)], "conv",
-                kernel_shape=[kh, kw], strides=[sy, sx], pads=[py, px, py, px],
-            )
-            shape = (o, _out_size(shape[1], kh, sy, py), _out_size(shape[2], kw, sx, px))
-        elif isinstance(layer, Affine):  # not after a conv: kept as Mul + Add
-            cur = g.node("Mul", [cur, g.const("gamma", layer.gamma.reshape(1, -1, 1, 1))], "mul")
-            cur = g.node("Add", [cur, g.const("beta", layer.beta.reshape(1, -1, 1, 1))], "add")
-        elif isinstance(layer, Relu):
-            cur = g.node("Relu", [cur], "relu")
-        elif isinstance(layer, Pool) and layer.kernel == (0, 0):
-            if layer.mode != "avg":
-                raise BuildError("only average pooling over everything is supported")
-            cur = g.node("GlobalAveragePool", [cur], "gap")
-            cur = g.node("Flatten", [cur], "flat", axis=1)
-            shape, flat = (shape[0], 1, 1), True
-        elif isinstance(layer, Pool):
-            (kh, kw), (sy, sx), (py, px) = layer.kernel, layer.stride, layer.pad
-            attrs: dict[str, Any] = {
-                "kernel_shape": [kh, kw], "strides": [sy, sx], "pads": [py, px, py, px],
-            }
-            if layer.mode == "avg":
-                attrs["count_include_pad"] = 0
-            op = "MaxPool" if layer.mode == "max" else "AveragePool"
-            cur = g.node(op, [cur], f"{layer.mode}pool", **attrs)
-            shape = (shape[0], _out_size(shape[1], kh, sy, py), _out_size(shape[2], kw, sx, px))
-        elif isinstance(layer, Tag):
-            tags[layer.id] = (cur, shape)
-        elif isinstance(layer, Skip):
-            cur, shape = tags[layer.id]
-        elif isinstance(layer, AddPrev):
-            other, other_shape = tags[layer.id]
-            target: Shape = (
-                max(shape[0], other_shape[0]),
-                max(shape[1], other_shape[1]),
-                max(shape[2], other_shape[2]),
-            )
-            a = g.pad_to(cur, shape, target)
-            b = g.pad_to(other, other_shape, target)
-            cur, shape = g.node("Add", [a, b], "residual"), target
-        elif isinstance(layer, Dense):
-            if not flat or layer.weight.shape[0] != shape[0]:
-                raise BuildError("fc layer must follow avg_pool_everything")
-            w = g.const("fc_w", layer.weight)
-            if layer.bias is None:
-                cur = g.node("MatMul", [cur, w], "fc")
-            else:
-                cur = g.node("Gemm", [cur, w, g.const("fc_b", layer.bias)], "fc")
-            shape = (layer.weight.shape[1], 1, 1)
-        else:
-            raise BuildError(f"unsupported layer {layer!r}")
-
-    if not flat:
+        out.emit(layer)
+    if not out.flat:
         raise BuildError("network does not end in a vector")
-    g.nodes.append(helper.make_node("Identity", [cur], [OUTPUT_NAME]))
+    g.nodes.append(helper.make_node("Identity", [out.cur], [OUTPUT_NAME]))
     graph = helper.make_graph(
         g.nodes,
         "dlib_face_recognition_resnet_model_v1",
         [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["N", 3, rows, cols])],
-        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["N", shape[0]])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["N", out.shape[0]])],
         g.inits,
     )
     model = helper.make_model(

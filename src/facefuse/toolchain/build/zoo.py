@@ -150,6 +150,48 @@ def _up_to_date(old: ModelSpec | None, entry: ZooEntry, models_dir: Path) -> boo
     return path.is_file() and sha256_file(path) == old.sha256
 
 
+def _build_one(entry: ZooEntry, settings: Settings, models_dir: Path, sources_dir: Path
+               ) -> ModelSpec:
+    """Fetch, convert and describe one zoo model (written atomically into ``models_dir``)."""
+    src = materialise(
+        entry.dist, entry.member,
+        sources_dir / entry.dist.requirement / Path(entry.member).name,
+        settings.downloads_dir,
+    )
+    file_name = f"{entry.name}.onnx"
+    dst = models_dir / file_name
+    tmp = models_dir / f".{file_name}.part"
+    version, convert = CONVERTERS[entry.converter]
+    try:
+        convert(src, tmp)
+    except FacefuseError:
+        raise
+    except Exception as exc:
+        raise BuildError(f"converting {entry.name} from {entry.member} failed: {exc}") from exc
+    tmp.replace(dst)
+    opset, inputs, outputs = _io_specs(dst)
+    return ModelSpec(
+        name=entry.name,
+        task=entry.task,
+        file=file_name,
+        sha256=sha256_file(dst),
+        size=dst.stat().st_size,
+        opset=opset,
+        inputs=inputs,
+        outputs=outputs,
+        preprocessing=entry.preprocessing,
+        source=Source(
+            package=entry.dist.requirement,
+            file=entry.member,
+            sha256=entry.dist.member_sha256(entry.member),
+            licence=entry.dist.licence,
+        ),
+        licence=entry.licence,
+        precision="fp32",
+        extra={**entry.extra, "converter": version},
+    )
+
+
 def build_zoo(
     settings: Settings,
     models_dir: Path | None = None,
@@ -177,43 +219,7 @@ def build_zoo(
             log.info("%s is up to date", entry.name)
             continue
         t0 = time.perf_counter()
-        src = materialise(
-            entry.dist, entry.member,
-            sources_dir / entry.dist.requirement / Path(entry.member).name,
-            settings.downloads_dir,
-        )
-        file_name = f"{entry.name}.onnx"
-        dst = models_dir / file_name
-        tmp = models_dir / f".{file_name}.part"
-        version, convert = CONVERTERS[entry.converter]
-        try:
-            convert(src, tmp)
-        except FacefuseError:
-            raise
-        except Exception as exc:
-            raise BuildError(f"converting {entry.name} from {entry.member} failed: {exc}") from exc
-        tmp.replace(dst)
-        opset, inputs, outputs = _io_specs(dst)
-        manifest.models[entry.name] = ModelSpec(
-            name=entry.name,
-            task=entry.task,
-            file=file_name,
-            sha256=sha256_file(dst),
-            size=dst.stat().st_size,
-            opset=opset,
-            inputs=inputs,
-            outputs=outputs,
-            preprocessing=entry.preprocessing,
-            source=Source(
-                package=entry.dist.requirement,
-                file=entry.member,
-                sha256=entry.dist.member_sha256(entry.member),
-                licence=entry.dist.licence,
-            ),
-            licence=entry.licence,
-            precision="fp32",
-            extra={**entry.extra, "converter": version},
-        )
+        manifest.models[entry.name] = _build_one(entry, settings, models_dir, sources_dir)
         manifest.save(models_dir)
         log.info("built %s in %.1fs", entry.name, time.perf_counter() - t0)
     manifest.save(models_dir)

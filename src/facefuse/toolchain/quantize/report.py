@@ -63,7 +63,8 @@ def _row(name: str, m: Mapping[str, Any], label: str, v: Mapping[str, Any], fmt:
 
 
 def markdown(report: Mapping[str, Any]) -> str:
-    """The report as markdown tables (what BENCHMARKS.md shows)."""
+    """The report as markdown tables (what BENCHMARKS.md shows); long because it is
+    the tables' layout, written out in order."""
     host = report["host"]
     lines = [
         "## Quantization (INT8 / FP16 behind the accuracy gate)",
