@@ -41,8 +41,11 @@ class Settings:
     ort_cpu_arena: bool = True
     #: Directory where ORT writes optimised graphs / TensorRT engines (None: off).
     optimized_cache: Path | None = None
-    #: ``full`` (BlazeFace full-range, any distance) or ``short`` (selfies).
-    detector: Literal["full", "short"] = "full"
+    #: ``full`` (BlazeFace full-range, any distance), ``short`` (selfies) or
+    #: ``yunet`` (libfacedetection's YuNet; see docs/models.md for the comparison).
+    detector: Literal["full", "short", "yunet"] = "full"
+    #: When an image has no face upright, try it turned 90°, 270° and 180°.
+    det_rotations: bool = True
     det_score_threshold: float = 0.5
     det_nms_iou: float = 0.3
     #: Images whose long side exceeds this are also scanned in tiles, in pixels.
@@ -149,8 +152,9 @@ class Settings:
         if self.precision not in ("auto", "fp32", "int8", "fp16"):
             raise InvalidArgumentError(
                 f"precision must be auto|fp32|int8|fp16, not {self.precision!r}")
-        if self.detector not in ("full", "short"):
-            raise InvalidArgumentError(f"detector must be full|short, not {self.detector!r}")
+        if self.detector not in ("full", "short", "yunet"):
+            raise InvalidArgumentError(
+                f"detector must be full|short|yunet, not {self.detector!r}")
         if not 0.0 < self.det_score_threshold < 1.0:
             raise InvalidArgumentError("det_score_threshold must be in (0, 1)")
         if self.threads < 0:

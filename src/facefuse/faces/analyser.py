@@ -16,7 +16,7 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.faces.attributes import estimate_age, estimate_gender
-from facefuse.faces.detector import FaceDetector
+from facefuse.faces.detectors import detect_any_turn, make_detector, turns_to_try
 from facefuse.faces.landmarker import FaceMesh
 from facefuse.faces.recognizer import Recognizer, normalize
 from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
@@ -59,14 +59,7 @@ class FaceAnalyser:
     def __init__(self, settings: Settings | None = None, registry: ModelRegistry | None = None):
         self.settings = settings or Settings.from_env()
         self.registry = registry or ModelRegistry(self.settings)
-        det_name = "blazeface_full" if self.settings.detector == "full" else "blazeface_short"
-        self.detector = FaceDetector(
-            self.registry.get(det_name),
-            score_threshold=self.settings.det_score_threshold,
-            nms_iou=self.settings.det_nms_iou,
-            tile_above=self.settings.det_tile_above,
-            variant=self.settings.detector,
-        )
+        self.detector = make_detector(self.settings, self.registry)
         iris = self.registry.get("iris") if self.registry.has("iris") else None
         self.mesh = FaceMesh(self.registry.get("facemesh"), iris)
         self.recognizer = Recognizer(self.registry.get("dlib_resnet"))
@@ -77,7 +70,8 @@ class FaceAnalyser:
         return decode_image(image, self.limits)
 
     def detect(self, image: np.ndarray) -> list[Detection]:
-        return self.detector.detect(image)
+        """Faces of an RGB uint8 (H, W, 3) image; turned copies are tried when none is upright."""
+        return detect_any_turn(self.detector, image, turns_to_try(self.settings))
 
     def analyse(
         self,
@@ -99,7 +93,7 @@ class FaceAnalyser:
         t = time.perf_counter()
         rgb = self.decode(image)
         t = timer.add("decode", t)
-        detections = self.detector.detect(rgb)
+        detections = self.detect(rgb)
         t = timer.add("detect", t)
         faces = [self.face_from_detection(rgb, d) for d in detections]
         t = timer.add("mesh", t)

@@ -446,7 +446,8 @@ class FaceDetector:
         h, w = image.shape[:2]
         crops = [(0, 0, w, h)]
         crops.extend(tile_grid(w, h, self.tile_above, MIN_FACE_FRACTION[self.variant]))
-        return [(to_tensor(canvas), box) for canvas, box in letterbox_passes(image, self.size, crops)]
+        passes = letterbox_passes(image, self.size, crops)
+        return [(to_tensor(canvas), box) for canvas, box in passes]
 
     def run(self, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Model run: (N, 3, S, S) float32 → regressors (N, A, 16), score logits (N, A, 1)."""

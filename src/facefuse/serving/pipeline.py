@@ -46,7 +46,9 @@ from facefuse.errors import (
     NoFaceError,
 )
 from facefuse.faces.analyser import FaceAnalyser, StageTimer, make_face
+from facefuse.faces.detectors import detector_model, turns_to_try
 from facefuse.faces.recognizer import normalize
+from facefuse.faces.rotation import rotate_image, unrotate_detection
 from facefuse.faces.types import Detection, Face
 from facefuse.fusion.engine import FaceFuser, check_usable
 from facefuse.fusion.quality import cosine
@@ -202,7 +204,7 @@ class Pipeline:
         self.limits = DecodeLimits.from_settings(settings)
         self.analyser = FaceAnalyser(settings, registry)
         self.fuser = FaceFuser(settings, self.analyser)
-        self.det_name = "blazeface_full" if settings.detector == "full" else "blazeface_short"
+        self.det_name = detector_model(settings)
         self.model_names: tuple[str, ...] = tuple(
             n for n in (self.det_name, "facemesh", "iris", "dlib_resnet") if registry.has(n)
         )
@@ -379,7 +381,8 @@ class Pipeline:
 
     def _l1_key(self, digest: str) -> str:
         s = self.settings
-        options = {"detector": s.detector, "score": s.det_score_threshold,
+        options = {"detector": s.detector, "rotations": s.det_rotations,
+                   "score": s.det_score_threshold,
                    "nms": s.det_nms_iou, "tile_above": s.det_tile_above}
         return analysis_key(digest, self._versions, options)
 
@@ -406,14 +409,22 @@ class Pipeline:
         return result
 
     async def detect(self, rgb: np.ndarray, ctx: RequestContext) -> list[Detection]:
-        """BlazeFace over the whole image (and tiles of large images), batched."""
+        """The detector over the whole image (and tiles of large images), batched; turned
+        copies of the image are tried in turn when none is found upright."""
         t = time.perf_counter()
         detector = self.analyser.detector
-        items = await self.cpu(detector.preprocess, rgb)
-        outs = await gather_all(self._submit(self.det_name, x, ctx) for x, _ in items)
-        regs = np.stack([o[0] for o in outs])
-        scores = np.stack([o[1] for o in outs])
-        dets = detector.postprocess(regs, scores, [box for _, box in items])
+        h, w = rgb.shape[:2]
+        dets: list[Detection] = []
+        for turns in turns_to_try(self.settings):
+            image = rotate_image(rgb, turns)
+            items = await self.cpu(detector.preprocess, image)
+            outs = await gather_all(self._submit(self.det_name, x, ctx) for x, _ in items)
+            regs = np.stack([o[0] for o in outs])
+            scores = np.stack([o[1] for o in outs])
+            found = detector.postprocess(regs, scores, [box for _, box in items])
+            if found:
+                dets = [unrotate_detection(d, turns, w, h) for d in found]
+                break
         ctx.timer.add("detect", t)
         return dets
 

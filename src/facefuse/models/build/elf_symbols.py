@@ -112,7 +112,8 @@ class ElfFile:
     def file_offset(self, addr: int, size: int) -> int:
         """File offset of ``size`` bytes at virtual address ``addr`` (in a section with data)."""
         for s in self.sections:
-            if s.kind != SHT_NOBITS and s.addr and s.addr <= addr and addr + size <= s.addr + s.size:
+            inside = s.addr <= addr and addr + size <= s.addr + s.size
+            if s.kind != SHT_NOBITS and s.addr and inside:
                 return s.offset + (addr - s.addr)
         raise BuildError(f"{self.path.name}: address {addr:#x} is not in a data section")
 

@@ -30,6 +30,7 @@ import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
 from facefuse.faces.detector import FaceDetector, Letterbox
+from facefuse.faces.detectors import Detector
 from facefuse.faces.landmarker import EYE_CORNERS
 from facefuse.faces.types import Detection
 
@@ -251,7 +252,7 @@ def build_stage_data(
     from facefuse.samples import identity_of
 
     data = StageData(plan)
-    dets: dict[str, FaceDetector] = {analyser.detector.model.spec.name: analyser.detector}
+    dets: dict[str, Detector] = {analyser.detector.model.spec.name: analyser.detector}
     dets.update(detectors or {})
     for name in dets:
         data.detect[name] = []
