@@ -47,6 +47,9 @@ class Settings:
     #: When an image has no face upright, try it turned 90°, 270° and 180°.
     det_rotations: bool = True
     det_score_threshold: float = 0.5
+    #: YuNet's minimum score (its scores run higher than BlazeFace's: at 0.8 it
+    #: reports nothing on the face-free and synthetic sets of bench/detect.py).
+    det_yunet_score_threshold: float = 0.8
     det_nms_iou: float = 0.3
     #: Images whose long side exceeds this are also scanned in tiles, in pixels.
     det_tile_above: int = 1280
@@ -157,6 +160,8 @@ class Settings:
                 f"detector must be full|short|yunet, not {self.detector!r}")
         if not 0.0 < self.det_score_threshold < 1.0:
             raise InvalidArgumentError("det_score_threshold must be in (0, 1)")
+        if not 0.0 < self.det_yunet_score_threshold < 1.0:
+            raise InvalidArgumentError("det_yunet_score_threshold must be in (0, 1)")
         if self.threads < 0:
             raise InvalidArgumentError("threads must be >= 0")
         if self.max_pixels <= 0 or self.max_bytes <= 0:

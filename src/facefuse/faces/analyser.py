@@ -19,6 +19,7 @@ from facefuse.faces.attributes import estimate_age, estimate_gender
 from facefuse.faces.detectors import detect_any_turn, make_detector, turns_to_try
 from facefuse.faces.landmarker import FaceMesh
 from facefuse.faces.recognizer import Recognizer, normalize
+from facefuse.faces.rotation import REORIENT_BELOW, turned_detection
 from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
 from facefuse.imaging.decode import DecodeLimits, ImageInput, decode_image
 from facefuse.models.registry import ModelRegistry
@@ -108,8 +109,17 @@ class FaceAnalyser:
         return faces
 
     def face_from_detection(self, rgb: np.ndarray, det: Detection) -> Face:
-        """Mesh, five points and chip transform for one detection (no embedding)."""
+        """Mesh, five points and chip transform for one detection (no embedding).
+
+        A mesh with a low face-presence score is tried again in the other three
+        quarter turns of its ROI (see :data:`~facefuse.faces.rotation.REORIENT_BELOW`).
+        """
         landmarks, presence = self.mesh.landmarks(rgb, det)
+        if presence < REORIENT_BELOW:
+            turned = [turned_detection(det, k) for k in (2, 1, 3)]
+            for lm, p in self.mesh.landmarks_many(rgb, turned):
+                if p > presence:
+                    landmarks, presence = lm, p
         return make_face(det, landmarks, presence)
 
     def chips(self, rgb: np.ndarray, faces: Iterable[Face]) -> np.ndarray:

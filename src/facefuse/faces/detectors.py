@@ -55,7 +55,7 @@ def make_detector(settings: Settings, registry: ModelRegistry) -> Detector:
     model = registry.get(detector_model(settings))
     if settings.detector == "yunet":
         return YuNetDetector(
-            model, score_threshold=settings.det_score_threshold,
+            model, score_threshold=settings.det_yunet_score_threshold,
             tile_above=max(settings.det_tile_above, 640),
         )
     return FaceDetector(

@@ -48,7 +48,12 @@ from facefuse.errors import (
 from facefuse.faces.analyser import FaceAnalyser, StageTimer, make_face
 from facefuse.faces.detectors import detector_model, turns_to_try
 from facefuse.faces.recognizer import normalize
-from facefuse.faces.rotation import rotate_image, unrotate_detection
+from facefuse.faces.rotation import (
+    REORIENT_BELOW,
+    rotate_image,
+    turned_detection,
+    unrotate_detection,
+)
 from facefuse.faces.types import Detection, Face
 from facefuse.fusion.engine import FaceFuser, check_usable
 from facefuse.fusion.quality import cosine
@@ -382,7 +387,7 @@ class Pipeline:
     def _l1_key(self, digest: str) -> str:
         s = self.settings
         options = {"detector": s.detector, "rotations": s.det_rotations,
-                   "score": s.det_score_threshold,
+                   "score": s.det_score_threshold, "yunet_score": s.det_yunet_score_threshold,
                    "nms": s.det_nms_iou, "tile_above": s.det_tile_above}
         return analysis_key(digest, self._versions, options)
 
@@ -400,7 +405,7 @@ class Pipeline:
             faces = [copy.copy(f) for f in cached.faces]
         else:
             detections = await self.detect(rgb, ctx)
-            faces = await self.mesh(rgb, detections, ctx)
+            faces = await self.reorient(rgb, await self.mesh(rgb, detections, ctx), ctx)
             faces.sort(key=lambda f: -f.area)
         if embed and faces:
             await self.embed(rgb, faces, ctx)
@@ -459,6 +464,27 @@ class Pipeline:
         ]
         ctx.timer.add(stage, t)
         return faces
+
+    async def reorient(self, rgb: np.ndarray, faces: list[Face], ctx: RequestContext) -> list[Face]:
+        """Faces whose mesh presence is low meshed again in the other quarter turns of
+        their ROI, keeping the best (as :meth:`FaceAnalyser.face_from_detection`)."""
+        weak = [i for i, f in enumerate(faces) if (f.mesh_score or 0.0) < REORIENT_BELOW]
+        if not weak:
+            return faces
+        turns = (2, 1, 3)
+        tries = [
+            turned_detection(Detection(bbox=faces[i].bbox, score=faces[i].score,
+                                       keypoints=faces[i].keypoints), k)
+            for i in weak for k in turns
+        ]
+        found = await self.mesh(rgb, tries, ctx, stage="mesh")
+        out = list(faces)
+        for n, i in enumerate(weak):
+            for cand in found[n * len(turns) : (n + 1) * len(turns)]:
+                if (cand.mesh_score or 0.0) > (out[i].mesh_score or 0.0):
+                    out[i] = dataclasses.replace(
+                        cand, bbox=faces[i].bbox, keypoints=faces[i].keypoints)
+        return out
 
     async def embed(
         self, rgb: np.ndarray, faces: list[Face], ctx: RequestContext, *, stage: str = "embed"
