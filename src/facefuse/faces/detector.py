@@ -387,7 +387,68 @@ def weighted_nms(c: Candidates, iou_threshold: float) -> Candidates:
     return Candidates(np.stack(out_b), np.stack(out_k), np.asarray(out_s))
 
 
-class FaceDetector:
+class BatchedDetector:
+    """A detector whose model runs on stacked tensors: :meth:`preprocess` (CPU) →
+    :meth:`run` (one batched model call, which a micro-batcher may share between
+    images) → :meth:`postprocess` (CPU). Subclasses say how one tensor's outputs
+    decode (:meth:`decode_tensor`) and how the passes of one image merge (:meth:`merge`).
+    """
+
+    model: LoadedModel
+    #: Raw regression values per anchor.
+    regression_width: int
+
+    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
+        """Model inputs ``(tensor (3, S, S) float32, Letterbox)`` of one RGB uint8 image."""
+        raise NotImplementedError
+
+    def decode_tensor(
+        self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox
+    ) -> Candidates:
+        """One tensor's (A, W) regressors and (A,) scores → image-pixel candidates."""
+        raise NotImplementedError
+
+    def merge(self, candidates: Candidates) -> Candidates:
+        """All passes' candidates of one image → its faces (non-maximum suppression)."""
+        raise NotImplementedError
+
+    def run(self, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Model run: (N, 3, S, S) float32 → regressors (N, A, W), scores (N, A, 1)."""
+        regressors, scores = self.model.run(np.ascontiguousarray(tensors, dtype=np.float32))[:2]
+        return regressors, scores
+
+    def postprocess(
+        self,
+        regressors: np.ndarray,
+        scores: np.ndarray,
+        transform: Letterbox | Sequence[Letterbox],
+    ) -> list[Detection]:
+        """Raw outputs of all tensors of ONE image → its detections, best first.
+
+        Args:
+            regressors: (A, W) or (N, A, W) float32.
+            scores: (A, 1) or (N, A, 1) float32.
+            transform: the Letterbox of each tensor (one, or a sequence of N).
+        """
+        transforms = [transform] if isinstance(transform, Letterbox) else list(transform)
+        if not transforms:
+            return []
+        regs = np.reshape(regressors, (len(transforms), -1, self.regression_width))
+        scs = np.reshape(scores, (len(transforms), -1))
+        found = Candidates.concat([
+            self.decode_tensor(r, s, t) for r, s, t in zip(regs, scs, transforms, strict=True)
+        ])
+        merged = self.merge(found)
+        return to_detections(merged, transforms[0].image_width, transforms[0].image_height)
+
+    def detect(self, image: np.ndarray) -> list[Detection]:
+        """All faces in an RGB uint8 (H, W, 3) image, best score first."""
+        items = self.preprocess(image)
+        regressors, scores = self.run(np.stack([t for t, _ in items]))
+        return self.postprocess(regressors, scores, [b for _, b in items])
+
+
+class FaceDetector(BatchedDetector):
     """BlazeFace detector over a loaded ONNX model.
 
     Args:
@@ -419,6 +480,7 @@ class FaceDetector:
         if tile_above < 64:
             raise InvalidArgumentError("tile_above must be at least 64 pixels")
         self.model = model
+        self.regression_width = 16
         self.variant: Variant = variant
         self.options = ANCHOR_OPTIONS[variant]
         self.size = self.options.input_size
@@ -449,42 +511,14 @@ class FaceDetector:
         passes = letterbox_passes(image, self.size, crops)
         return [(to_tensor(canvas), box) for canvas, box in passes]
 
-    def run(self, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Model run: (N, 3, S, S) float32 → regressors (N, A, 16), score logits (N, A, 1)."""
-        regressors, scores = self.model.run(np.ascontiguousarray(tensors, dtype=np.float32))[:2]
-        return regressors, scores
+    def decode_tensor(
+        self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox
+    ) -> Candidates:
+        """One tensor's (A, 16) regressors and (A,) score logits → candidates."""
+        return decode(regressors, scores, self.anchors, transform, self.score_threshold)
 
-    def postprocess(
-        self,
-        regressors: np.ndarray,
-        scores: np.ndarray,
-        transform: Letterbox | Sequence[Letterbox],
-    ) -> list[Detection]:
-        """Raw outputs of all tensors of ONE image → its detections, best first.
-
-        Args:
-            regressors: (A, 16) or (N, A, 16) float32.
-            scores: (A, 1) or (N, A, 1) float32 logits.
-            transform: the Letterbox of each tensor (one, or a sequence of N).
-        """
-        transforms = [transform] if isinstance(transform, Letterbox) else list(transform)
-        regs = np.reshape(regressors, (len(transforms), -1, 16))
-        scs = np.reshape(scores, (len(transforms), -1))
-        found = Candidates.concat([
-            decode(r, s, self.anchors, t, self.score_threshold)
-            for r, s, t in zip(regs, scs, transforms, strict=True)
-        ])
-        merged = weighted_nms(found, self.nms_iou)
-        if not transforms:
-            return []
-        return to_detections(merged, transforms[0].image_width, transforms[0].image_height)
-
-    def detect(self, image: np.ndarray) -> list[Detection]:
-        """All faces in an RGB uint8 (H, W, 3) image, best score first."""
-        items = self.preprocess(image)
-        tensors = np.stack([t for t, _ in items])
-        regressors, scores = self.run(tensors)
-        return self.postprocess(regressors, scores, [b for _, b in items])
+    def merge(self, candidates: Candidates) -> Candidates:
+        return weighted_nms(candidates, self.nms_iou)
 
 
 def to_detections(c: Candidates, width: int, height: int) -> list[Detection]:

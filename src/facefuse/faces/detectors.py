@@ -9,16 +9,15 @@ them alike.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 
 from facefuse.config import Settings
-from facefuse.faces.detector import FaceDetector, Letterbox
+from facefuse.faces.detector import BatchedDetector, FaceDetector
 from facefuse.faces.rotation import RETRY_TURNS, rotate_image, unrotate_detection
 from facefuse.faces.types import Detection
 from facefuse.faces.yunet import YuNetDetector
-from facefuse.models.registry import LoadedModel, ModelRegistry
+from facefuse.models.registry import ModelRegistry
 
 #: ``Settings.detector`` → the model it runs.
 DETECTOR_MODELS: dict[str, str] = {
@@ -28,21 +27,8 @@ DETECTOR_MODELS: dict[str, str] = {
 }
 
 
-class Detector(Protocol):
-    """preprocess (CPU) → run (one batched model call) → postprocess (CPU)."""
-
-    model: LoadedModel
-
-    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]: ...
-
-    def run(self, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
-
-    def postprocess(
-        self, regressors: np.ndarray, scores: np.ndarray,
-        transform: Letterbox | Sequence[Letterbox],
-    ) -> list[Detection]: ...
-
-    def detect(self, image: np.ndarray) -> list[Detection]: ...
+#: What every detector is (preprocess → batched run → postprocess).
+Detector = BatchedDetector
 
 
 def detector_model(settings: Settings) -> str:

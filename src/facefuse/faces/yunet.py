@@ -24,21 +24,18 @@ uses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.detector import (
+    BatchedDetector,
     Candidates,
     Letterbox,
     away_from_inner_edges,
     iou,
     letterbox_passes,
     tile_grid,
-    to_detections,
 )
-from facefuse.faces.types import Detection
 from facefuse.imaging.checks import require_rgb
 from facefuse.models.registry import LoadedModel
 
@@ -127,7 +124,7 @@ def greedy_nms(c: Candidates, iou_threshold: float = NMS_IOU) -> Candidates:
     return Candidates(c.boxes[idx], c.keypoints[idx], c.scores[idx])
 
 
-class YuNetDetector:
+class YuNetDetector(BatchedDetector):
     """YuNet detector over a loaded ONNX model.
 
     Args:
@@ -156,6 +153,7 @@ class YuNetDetector:
         if tile_above < size:
             raise InvalidArgumentError(f"tile_above must be at least the input side {size}")
         self.model = model
+        self.regression_width = 14
         self.size = int(size)
         self.priors, self.strides = yunet_priors(self.size)
         self.score_threshold = float(score_threshold)
@@ -179,39 +177,12 @@ class YuNetDetector:
             for canvas, box in letterbox_passes(image, self.size, crops)
         ]
 
-    def run(self, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Model run: (N, 3, S, S) float32 → regressors (N, A, 14), scores (N, A, 1)."""
-        regressors, scores = self.model.run(np.ascontiguousarray(tensors, dtype=np.float32))[:2]
-        return regressors, scores
+    def decode_tensor(
+        self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox
+    ) -> Candidates:
+        """One tensor's (A, 14) regressors and (A,) scores → candidates."""
+        return decode_yunet(regressors, scores, self.priors, self.strides, transform,
+                            self.score_threshold)
 
-    def postprocess(
-        self,
-        regressors: np.ndarray,
-        scores: np.ndarray,
-        transform: Letterbox | Sequence[Letterbox],
-    ) -> list[Detection]:
-        """Raw outputs of all tensors of ONE image → its detections, best first.
-
-        Args:
-            regressors: (A, 14) or (N, A, 14) float32.
-            scores: (A, 1) or (N, A, 1) float32.
-            transform: the Letterbox of each tensor (one, or a sequence of N).
-        """
-        transforms = [transform] if isinstance(transform, Letterbox) else list(transform)
-        if not transforms:
-            return []
-        regs = np.reshape(regressors, (len(transforms), -1, 14))
-        scs = np.reshape(scores, (len(transforms), -1))
-        found = [
-            decode_yunet(r, s, self.priors, self.strides, t, self.score_threshold)
-            for r, s, t in zip(regs, scs, transforms, strict=True)
-        ]
-        merged = greedy_nms(
-            Candidates.concat(found) if found else empty_candidates(), self.nms_iou)
-        return to_detections(merged, transforms[0].image_width, transforms[0].image_height)
-
-    def detect(self, image: np.ndarray) -> list[Detection]:
-        """All faces in an RGB uint8 (H, W, 3) image, best score first."""
-        items = self.preprocess(image)
-        regressors, scores = self.run(np.stack([t for t, _ in items]))
-        return self.postprocess(regressors, scores, [b for _, b in items])
+    def merge(self, candidates: Candidates) -> Candidates:
+        return greedy_nms(candidates, self.nms_iou)

@@ -48,6 +48,7 @@ import numpy as np
 
 from facefuse.errors import BuildError
 from facefuse.models.build.elf_symbols import ElfFile
+from facefuse.models.build.onnx_graph import GraphBuilder, save_checked
 
 OPSET = 17
 IR_VERSION = 8
@@ -107,33 +108,14 @@ def read_yunet(library: Path) -> dict[str, Conv]:
     return convs
 
 
-class _Graph:
-    """Accumulates nodes and initializers with unique names."""
+class _Graph(GraphBuilder):
+    """The shared builder plus libfacedetection's layer kinds, taking each
+    convolution from the library's table exactly once."""
 
     def __init__(self, convs: dict[str, Conv]) -> None:
+        super().__init__()
         self.convs = convs
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
         self.used: set[str] = set()
-        self._n = 0
-
-    def _name(self, hint: str) -> str:
-        self._n += 1
-        return f"{hint}_{self._n}"
-
-    def const(self, hint: str, value: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        name = self._name(hint)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-    def node(self, op: str, inputs: list[str], hint: str, **attrs: Any) -> str:
-        from onnx import helper
-
-        out = self._name(hint)
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
 
     def take(self, name: str, *, depthwise: bool) -> Conv:
         conv = self.convs.get(name)
@@ -244,12 +226,4 @@ def build_onnx(convs: dict[str, Conv]) -> Any:
 
 def convert_yunet(library: Path, onnx_path: Path) -> None:
     """Read libfacedetection's compiled weights and write YuNet as ONNX to ``onnx_path``."""
-    import onnx
-
-    model = build_onnx(read_yunet(Path(library)))
-    onnx.checker.check_model(model, full_check=True)
-    onnx_path = Path(onnx_path)
-    onnx_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = onnx_path.with_name(onnx_path.name + ".tmp")
-    tmp.write_bytes(model.SerializeToString())
-    tmp.replace(onnx_path)
+    save_checked(build_onnx(read_yunet(Path(library))), onnx_path)
