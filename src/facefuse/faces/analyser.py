@@ -19,7 +19,7 @@ from facefuse.faces.attributes import estimate_age, estimate_gender
 from facefuse.faces.detectors import detect_any_turn, make_detector, turns_to_try
 from facefuse.faces.landmarker import FaceMesh
 from facefuse.faces.recognizer import Recognizer, normalize
-from facefuse.faces.rotation import REORIENT_BELOW, turned_detection
+from facefuse.faces.rotation import REORIENT_BELOW, REORIENT_TURNS, turned_detection
 from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
 from facefuse.imaging.decode import DecodeLimits, ImageInput, decode_image
 from facefuse.models.registry import ModelRegistry
@@ -116,7 +116,7 @@ class FaceAnalyser:
         """
         landmarks, presence = self.mesh.landmarks(rgb, det)
         if presence < REORIENT_BELOW:
-            turned = [turned_detection(det, k) for k in (2, 1, 3)]
+            turned = [turned_detection(det, k) for k in REORIENT_TURNS]
             for lm, p in self.mesh.landmarks_many(rgb, turned):
                 if p > presence:
                     landmarks, presence = lm, p

@@ -72,6 +72,8 @@ def unrotate_detection(det: Detection, quarter_turns: int, width: int, height: i
 #: sample photos a correctly oriented mesh scores ≥ 0.99 and a wrongly turned one
 #: ≤ 0.4 (YuNet reports faces upside down as upright ones with score ~0.85).
 REORIENT_BELOW = 0.5
+#: The quarter turns of the ROI tried then, in order (upside down first).
+REORIENT_TURNS: tuple[int, ...] = (2, 1, 3)
 
 
 def turned_detection(det: Detection, quarter_turns: int) -> Detection:

@@ -50,6 +50,7 @@ from facefuse.faces.detectors import detector_model, turns_to_try
 from facefuse.faces.recognizer import normalize
 from facefuse.faces.rotation import (
     REORIENT_BELOW,
+    REORIENT_TURNS,
     rotate_image,
     turned_detection,
     unrotate_detection,
@@ -471,7 +472,7 @@ class Pipeline:
         weak = [i for i, f in enumerate(faces) if (f.mesh_score or 0.0) < REORIENT_BELOW]
         if not weak:
             return faces
-        turns = (2, 1, 3)
+        turns = REORIENT_TURNS
         tries = [
             turned_detection(Detection(bbox=faces[i].bbox, score=faces[i].score,
                                        keypoints=faces[i].keypoints), k)
