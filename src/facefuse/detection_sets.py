@@ -22,7 +22,7 @@ Kinds of case (all deterministic, seeded where random):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -56,12 +56,46 @@ DOWNSCALED_WIDTHS = (48, 28, 18)
 
 @dataclass(frozen=True)
 class Case:
-    """One image and its faces: ``faces`` (K, 4) float64 ``x0, y0, x1, y1`` clipped to it."""
+    """One image and its faces.
+
+    ``faces`` (K, 4) float64 ``x0, y0, x1, y1`` clipped to the image; per face,
+    ``sources`` names the sample photo it comes from and ``maps`` (K, 2, 3)
+    holds the affine from that photo's pixels to this image's, so any point
+    known on the photo (a reference landmark) can be placed here.
+    """
 
     name: str
     kind: str
     image: np.ndarray
     faces: np.ndarray
+    sources: tuple[str, ...] = ()
+    maps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2, 3)))
+
+
+def affine(scale: float = 1.0, tx: float = 0.0, ty: float = 0.0) -> np.ndarray:
+    """(2, 3) ``p -> scale * p + (tx, ty)``."""
+    return np.array([[scale, 0.0, tx], [0.0, scale, ty]])
+
+
+def compose(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """(2, 3) affine applying ``inner`` then ``outer``."""
+    out: np.ndarray = outer[:, :2] @ inner
+    out[:, 2] += outer[:, 2]
+    return out
+
+
+def apply(m: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Points (..., 2) through the (2, 3) affine ``m``."""
+    p = np.asarray(points, np.float64)
+    out: np.ndarray = p @ m[:, :2].T + m[:, 2]
+    return out
+
+
+def map_box(m: np.ndarray, box: np.ndarray) -> np.ndarray:
+    """The bounds of a box's corners through ``m`` (exact for scales, shifts, quarter turns)."""
+    x0, y0, x1, y1 = box
+    q = apply(m, np.array([[x0, y0], [x1, y0], [x0, y1], [x1, y1]]))
+    return np.array([*q.min(axis=0), *q.max(axis=0)])
 
 
 def fetch_face_free(dest_dir: Path, downloads_dir: Path) -> dict[str, Path]:
@@ -79,13 +113,14 @@ def _resize(image: np.ndarray, scale: float) -> np.ndarray:
     return cv2.resize(image, size, interpolation=interp)
 
 
-def _turn_box(box: np.ndarray, k: int, w: int, h: int) -> np.ndarray:
-    """A box of a W×H image, in the image turned k×90° counter-clockwise (np.rot90)."""
-    x0, y0, x1, y1 = box
+def turn_map(k: int, w: int, h: int) -> np.ndarray:
+    """(2, 3) affine from a W×H image's pixels to the image turned k×90°
+    counter-clockwise (``np.rot90``); continuous coordinates."""
+    m = affine()
     for _ in range(k % 4):
-        x0, y0, x1, y1 = y0, w - x1, y1, w - x0
+        m = compose(np.array([[0.0, 1.0, 0.0], [-1.0, 0.0, float(w)]]), m)
         w, h = h, w
-    return np.array([x0, y0, x1, y1], np.float64)
+    return m
 
 
 def portrait(
@@ -93,7 +128,7 @@ def portrait(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Head and shoulders around ``face`` scaled so the face is ``face_width`` px wide.
 
-    Returns ``(crop RGB uint8, face box in the crop)``.
+    Returns ``(crop RGB uint8, (2, 3) affine from the photo's pixels to the crop's)``.
     """
     x0, y0, x1, y1 = face
     fw, fh = x1 - x0, y1 - y0
@@ -102,7 +137,7 @@ def portrait(
     cx1, cy1 = min(w, int(x1 + 0.6 * fw)), min(h, int(y1 + 0.9 * fh))
     scale = face_width / fw
     crop = _resize(photo[cy0:cy1, cx0:cx1], scale)
-    return crop, (face - np.array([cx0, cy0, cx0, cy0])) * scale
+    return crop, affine(scale, -cx0 * scale, -cy0 * scale)
 
 
 def _background(face_free: dict[str, np.ndarray], name: str, w: int, h: int) -> np.ndarray:
@@ -121,13 +156,16 @@ def _paste(canvas: np.ndarray, crop: np.ndarray, x: int, y: int) -> None:
         canvas[dy0:dy1, dx0:dx1] = crop[sy0 : sy0 + dy1 - dy0, sx0 : sx0 + dx1 - dx0]
 
 
-def _clip(boxes: list[np.ndarray], w: int, h: int) -> np.ndarray:
-    if not boxes:
-        return np.zeros((0, 4))
-    b = np.array(boxes, np.float64)
-    b[:, [0, 2]] = b[:, [0, 2]].clip(0, w)
-    b[:, [1, 3]] = b[:, [1, 3]].clip(0, h)
-    return b
+def _case(name: str, kind: str, image: np.ndarray,
+          placed: list[tuple[str, np.ndarray]]) -> Case:
+    """A case whose faces are the sample faces ``(source, affine)`` placed in ``image``."""
+    h, w = image.shape[:2]
+    boxes = [map_box(m, np.array(SAMPLE_FACES[src])) for src, m in placed]
+    faces = np.array(boxes, np.float64).reshape(-1, 4)
+    faces[:, [0, 2]] = faces[:, [0, 2]].clip(0, w)
+    faces[:, [1, 3]] = faces[:, [1, 3]].clip(0, h)
+    maps = np.array([m for _, m in placed], np.float64).reshape(-1, 2, 3)
+    return Case(name, kind, image, faces, tuple(src for src, _ in placed), maps)
 
 
 def group_photo(
@@ -142,27 +180,28 @@ def group_photo(
     rows = -(-count // cols)
     cell_w, cell_h = w // cols, h // rows
     names = sorted(photos)
-    faces: list[np.ndarray] = []
+    placed: list[tuple[str, np.ndarray]] = []
     for i in range(count):
         name = names[(i + seed) % len(names)]
         fw = float(np.exp(rng.uniform(np.log(20), np.log(200))))
-        crop, face = portrait(photos[name], np.array(SAMPLE_FACES[name]), fw)
+        crop, m = portrait(photos[name], np.array(SAMPLE_FACES[name]), fw)
         fit = min(1.0, cell_w / crop.shape[1], cell_h / crop.shape[0])
         if fit < 1.0:
-            crop, face = _resize(crop, fit), face * fit
+            crop, m = _resize(crop, fit), compose(affine(fit), m)
         r, c = divmod(i, cols)
         x = c * cell_w + int(rng.integers(0, max(1, cell_w - crop.shape[1] + 1)))
         y = r * cell_h + int(rng.integers(0, max(1, cell_h - crop.shape[0] + 1)))
         _paste(canvas, crop, x, y)
-        faces.append(face + np.array([x, y, x, y]))
-    return Case(f"group-{seed}", "group", canvas, _clip(faces, w, h))
+        placed.append((name, compose(affine(1.0, x, y), m)))
+    return _case(f"group-{seed}", "group", canvas, placed)
 
 
 def edge_cases(photos: dict[str, np.ndarray], face_free: dict[str, np.ndarray]) -> Iterator[Case]:
     """Each portrait pushed over each border by each fraction of :data:`EDGE_CUTS`."""
     w, h = 640, 480
     for n, name in enumerate(sorted(photos)):
-        crop, face = portrait(photos[name], np.array(SAMPLE_FACES[name]), 150.0)
+        crop, m = portrait(photos[name], np.array(SAMPLE_FACES[name]), 150.0)
+        face = map_box(m, np.array(SAMPLE_FACES[name]))
         fw, fh = face[2] - face[0], face[3] - face[1]
         for side in ("left", "right", "top", "bottom"):
             for cut in EDGE_CUTS:
@@ -179,8 +218,8 @@ def edge_cases(photos: dict[str, np.ndarray], face_free: dict[str, np.ndarray]) 
                 else:
                     y = int(h - face[3] + cut * fh)
                 _paste(canvas, crop, x, y)
-                box = face + np.array([x, y, x, y])
-                yield Case(f"{name}-{side}-{cut:.2f}", "edge", canvas, _clip([box], w, h))
+                yield _case(f"{name}-{side}-{cut:.2f}", "edge", canvas,
+                            [(name, compose(affine(1.0, x, y), m))])
 
 
 def detection_cases(
@@ -191,23 +230,23 @@ def detection_cases(
     for name in sorted(photos):
         img, face = photos[name], np.array(SAMPLE_FACES[name])
         h, w = img.shape[:2]
-        cases.append(Case(name, "sample", img, face[None]))
+        cases.append(_case(name, "sample", img, [(name, affine())]))
         for k in (1, 2, 3):
             turned = np.ascontiguousarray(np.rot90(img, k))
-            cases.append(Case(f"{name}-rot{90 * k}", "rotated", turned,
-                              _turn_box(face, k, w, h)[None]))
+            cases.append(_case(f"{name}-rot{90 * k}", "rotated", turned,
+                               [(name, turn_map(k, w, h))]))
         for fw in DOWNSCALED_WIDTHS:
-            s = fw / (face[2] - face[0])
-            small = _resize(img, s)
-            cases.append(Case(f"{name}-face{fw}px", "downscaled", small, (face * s)[None]))
+            small = _resize(img, fw / (face[2] - face[0]))
+            # Each axis scaled by its own rounded ratio; equal within a pixel.
+            m = np.array([[small.shape[1] / w, 0.0, 0.0], [0.0, small.shape[0] / h, 0.0]])
+            cases.append(_case(f"{name}-face{fw}px", "downscaled", small, [(name, m)]))
         for margin in (0.05, 0.25):
             fw, fh = face[2] - face[0], face[3] - face[1]
             x0, y0 = max(0, int(face[0] - margin * fw)), max(0, int(face[1] - margin * fh))
             x1, y1 = min(w, int(face[2] + margin * fw)), min(h, int(face[3] + margin * fh))
             crop = np.ascontiguousarray(img[y0:y1, x0:x1])
-            box = face - np.array([x0, y0, x0, y0])
-            cases.append(Case(f"{name}-large{margin:.2f}", "large", crop,
-                              _clip([box], x1 - x0, y1 - y0)))
+            cases.append(_case(f"{name}-large{margin:.2f}", "large", crop,
+                               [(name, affine(1.0, -x0, -y0))]))
     cases.extend(group_photo(photos, face_free, seed) for seed in range(3))
     cases.extend(edge_cases(photos, face_free))
     for name in sorted(face_free):
@@ -215,26 +254,31 @@ def detection_cases(
     return cases
 
 
-def match(found: np.ndarray, truth: np.ndarray) -> tuple[int, int]:
-    """``(faces found, false positives)`` of detected boxes against true boxes.
-
-    A detection finds a true face when each box contains the other's centre;
-    each true face and each detection is matched at most once, best IoU first.
-    """
-    used_d: set[int] = set()
-    used_t: set[int] = set()
-    pairs: list[tuple[float, int, int]] = []
+def pairs(found: np.ndarray, truth: np.ndarray) -> list[tuple[int, int]]:
+    """``(detection, true face)`` index pairs: each box contains the other's centre;
+    each true face and each detection is used at most once, best IoU first."""
+    candidates: list[tuple[float, int, int]] = []
     for i, d in enumerate(found):
         dc = (d[:2] + d[2:]) / 2
         for j, t in enumerate(truth):
             tc = (t[:2] + t[2:]) / 2
             if _inside(dc, t) and _inside(tc, d):
-                pairs.append((-_iou(d, t), i, j))
-    for _, i, j in sorted(pairs):
+                candidates.append((-_iou(d, t), i, j))
+    out: list[tuple[int, int]] = []
+    used_d: set[int] = set()
+    used_t: set[int] = set()
+    for _, i, j in sorted(candidates):
         if i not in used_d and j not in used_t:
             used_d.add(i)
             used_t.add(j)
-    return len(used_t), len(found) - len(used_d)
+            out.append((i, j))
+    return out
+
+
+def match(found: np.ndarray, truth: np.ndarray) -> tuple[int, int]:
+    """``(faces found, false positives)`` of detected boxes (K, 4) against true boxes."""
+    n = len(pairs(found, truth))
+    return n, len(found) - n
 
 
 def _inside(p: np.ndarray, box: np.ndarray) -> bool:
