@@ -58,6 +58,7 @@ lint: install
 
 bench: setup
 	$(PY) bench/analyse.py
+	$(PY) bench/detect.py
 	$(PY) bench/fuse.py
 	$(PY) bench/fuse_quality.py
 

