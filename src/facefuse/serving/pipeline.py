@@ -5,9 +5,9 @@ The stages themselves (:mod:`facefuse.faces.stages`), the face selection
 the library's; this module decides where each piece runs. Per request, nothing
 CPU-heavy runs on the event loop:
 
-* each stage step between model calls — decode (+ pixel hash), letterboxing, ROI
-  warps, chip cuts, projections — and the fusion and encoding run in a bounded
-  *CPU pool*;
+* decoding (+ pixel hash), each stage's first step — letterboxing, ROI warps, chip
+  cuts — and the fusion and encoding run in a bounded *CPU pool*; the short steps
+  that decode a model's outputs run on the loop (see :meth:`Pipeline.run`);
 * each model call of a stage is answered by one :class:`MicroBatcher` per model,
   which stacks the items of concurrent requests into one model run in the bounded
   *inference pool* (models without a batcher, age and gender, run there directly).
@@ -320,13 +320,13 @@ class Pipeline:
         async with self._active:
             yield
 
-    async def cpu(self, fn: Callable[..., T], *args: Any) -> T:
+    async def in_cpu_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the CPU pool (with the caller's context: request id)."""
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.cpu_pool, functools.partial(ctx.run, fn, *args))
 
-    async def infer(self, fn: Callable[..., T], *args: Any) -> T:
+    async def in_inference_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the inference pool (unbatched model calls)."""
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
@@ -348,7 +348,7 @@ class Pipeline:
         """
         check_header(data, self.limits)
         t = time.perf_counter()
-        rgb, digest = await self.cpu(self._decode_and_digest, data)
+        rgb, digest = await self.in_cpu_pool(self._decode_and_digest, data)
         ctx.timer.add("decode", t)
         return rgb, digest
 
@@ -365,18 +365,25 @@ class Pipeline:
     # --- driving a stage ---------------------------------------------------------------
 
     async def run(self, stage: Stage[T], ctx: RequestContext) -> T:
-        """Drive ``stage``: its CPU steps in the CPU pool, its model calls through the
-        batchers (or the inference pool for models without one)."""
-        step: ModelCall | Done[T] = await self.cpu(stages.advance, stage, None)
+        """Drive ``stage``: its model calls through the batchers (or the inference pool
+        for models without one).
+
+        The first step — cutting model inputs out of the image (letterbox, ROI and chip
+        warps) — runs in the CPU pool. The steps after a model call decode its outputs
+        (anchors and NMS, projecting points, 64-px eye crops: a millisecond or two) and
+        run on the event loop, as they did before the stages were shared: sent to the
+        pool they would queue behind whole fusions when it is busy.
+        """
+        step: ModelCall | Done[T] = await self.in_cpu_pool(stages.advance, stage, None)
         while isinstance(step, ModelCall):
             outputs = await self._answer(step, ctx)
-            step = await self.cpu(stages.advance, stage, outputs)
+            step = stages.advance(stage, outputs)
         return step.value
 
     async def _answer(self, call: ModelCall, ctx: RequestContext) -> stages.Outputs:
         if call.model in self._batched:
             return await gather_all(self._submit(call.model, x, ctx) for x in call.inputs)
-        return await self.infer(self._unbatched, call)
+        return await self.in_inference_pool(self._unbatched, call)
 
     # --- analysis ----------------------------------------------------------------------
 
@@ -457,7 +464,7 @@ class Pipeline:
         tgt_faces = list(analyses[1].faces)
         chosen = select([list(analyses[0].faces)], tgt_faces, plain, ref_faces)
         t = time.perf_counter()
-        result = await self.cpu(self.fuser.fuse_faces, src_rgb, chosen.source_face, tgt_rgb,
+        result = await self.in_cpu_pool(self.fuser.fuse_faces, src_rgb, chosen.source_face, tgt_rgb,
                                 tgt_faces, list(chosen.targets), plain)
         ctx.timer.add("fuse", t)
         sim: float | None = None
@@ -469,7 +476,7 @@ class Pipeline:
             sim = identity_similarity(out_face, chosen.source_face)
             ctx.timer.add("evaluate", t)
         t = time.perf_counter()
-        body = await self.cpu(encode_image, result.image, fmt, quality)
+        body = await self.in_cpu_pool(encode_image, result.image, fmt, quality)
         ctx.timer.add("encode", t)
         return FuseOutcome(body, content_type(fmt), sim, len(result.fused),
                            tuple(chosen.notes) + tuple(result.notes))
