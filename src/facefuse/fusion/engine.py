@@ -62,7 +62,8 @@ def check_usable(face: Face, which: str) -> None:
 
 
 def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str) -> None:
-    """Blend ``layer`` into ``image`` (in place) over the layer's region only."""
+    """Blend ``layer`` into ``image`` (in place) over the layer's region only; the
+    layer's ``keep`` pixels (the target's occluders) go back on top afterwards."""
     x0, y0, x1, y1 = layer.region
     bg = image[y0:y1, x0:x1]
     fg = np.clip(layer.face, 0, 255)
@@ -72,6 +73,8 @@ def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str) -> None:
         out = poisson_blend(fg, bg, layer.mask)
     else:
         out = alpha_blend(fg, bg, layer.mask)
+    if layer.keep is not None:
+        out = alpha_blend(bg.astype(np.float32), out.astype(np.float32), layer.keep)
     image[y0:y1, x0:x1] = np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 

@@ -16,7 +16,9 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
+from facefuse.fusion import light
 from facefuse.fusion import mask as masks
+from facefuse.fusion import occlusion as occ
 from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.base import FaceLayer
 from facefuse.fusion.texture import transfer_lighting
@@ -31,6 +33,11 @@ MESH_POINTS = 468
 #: the lids are expression, and the source's lid texture squeezed into the target's
 #: lid shape reads as a different openness.
 EYE_KEEP = 0.4
+#: Share of the target's closed lips kept when the source's mouth is open.
+SOURCE_OPEN_LIPS_KEEP = 1.0
+#: Growth and feather of the rejected source occluders, in feather widths: the
+#: occluder's own soft edge (hair strands, a lens rim) must not bleed in.
+OCCLUDER_GROW = 0.15
 
 
 #: Faces whose outer eye corners are further apart than this (pixels) are
@@ -101,12 +108,18 @@ class ClassicSwapper:
         src_scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(src_lm)))
         src_img, src_local = _crop_scaled(source_rgb, src_lm, 2 * masks.feather_px(src_lm),
                                           src_scale)
-        face, mask = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img), tgt_local,
-                                 dst_local, feather * scale, options)
+        face, mask, keep = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img),
+                                       tgt_local, dst_local, feather * scale, options)
         if scale < 1.0:
             face = cv2.resize(face, (w, h), interpolation=cv2.INTER_LINEAR)
             mask = cv2.resize(mask, (w, h), interpolation=cv2.INTER_LINEAR)
-        return FaceLayer(region, face, mask, dst)
+        if keep is not None:
+            # At full size the occluder's outline is re-drawn crisp (one pixel of
+            # growth covers its anti-aliased edge): its pixels must come back exactly.
+            if scale < 1.0:
+                keep = cv2.resize(keep, (w, h), interpolation=cv2.INTER_LINEAR)
+            keep = occ.soften((keep > 0.25).astype(np.float32), 1.0, 0.5)
+        return FaceLayer(region, face, mask, dst, keep)
 
     def _layer(
         self,
@@ -117,15 +130,30 @@ class ClassicSwapper:
         dst: np.ndarray,
         feather: float,
         options: FuseOptions,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Face layer (h, w, 3) float32 and blend mask (h, w) over the whole of
-        ``tgt_img``; all coordinates in the frames of the given images."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Face layer (h, w, 3) float32, blend mask (h, w) and the target's
+        occluders (h, w) float32 binary or None, over the whole of ``tgt_img``;
+        all coordinates in the frames of the given images."""
         h, w = tgt_img.shape[:2]
         frame = (0, 0, w, h)
         mesh_dst = dst[:MESH_POINTS, :2]
         tris = _triangles(mesh_dst, (w, h))
-        ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
-            [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]], mesh_dst, tris, frame)
+        w_tex = options.texture_weight
+        relight = options.relight and w_tex > 0.0
+        sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
+        src_occ = tgt_occ = None
+        if options.reject_source_occluders and w_tex > 0.0:
+            src_occ = occ.occluder_mask(src_img, src_lm, outside=1.0)
+        if options.keep_target_occluders:
+            tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
+        if relight:
+            gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
+                                      src_occ, tgt_occ)
+            # Per-vertex gains ride the same dense map: an affine map per triangle of
+            # vertex values is their barycentric interpolation.
+            sets += [gains[:, 0:2], gains[:, 1:3]]
+        maps, valid = piecewise_affine_maps(sets, mesh_dst, tris, frame)
+        (mx_t, my_t), (mx_s, my_s) = maps[0], maps[1]
         bg = tgt_img.astype(np.float32)
         outside = ~valid
         # Outside the mesh the maps are undefined: use the target's own pixels there,
@@ -133,17 +161,36 @@ class ClassicSwapper:
         target_layer = remap_region(tgt_img, mx_t, my_t).astype(np.float32)
         target_layer[outside] = bg[outside]
         mask = masks.oval_mask(dst, frame, feather) * valid.astype(np.float32)
-        w_tex = options.texture_weight
+        if tgt_occ is not None:
+            tgt_occ = tgt_occ if tgt_occ.any() else None
+        if tgt_occ is not None:
+            mask *= 1.0 - occ.soften(tgt_occ, 1.0, 0.5)
         if w_tex <= 0.0:
-            return target_layer, mask
+            return target_layer, mask, tgt_occ
         source_layer = remap_region(src_img, mx_s, my_s).astype(np.float32)
+        if relight:
+            gain = np.stack([maps[2][0], maps[2][1], maps[3][1]], axis=-1)
+            source_layer *= np.clip(gain, 1.0 / light.MAX_GAIN, light.MAX_GAIN)
         source_layer[outside] = target_layer[outside]
         skin = (mask > 0.5).astype(np.float32)
+        reject = None
+        if src_occ is not None:
+            warped = cv2.remap(src_occ, mx_s, my_s, cv2.INTER_LINEAR,
+                               borderMode=cv2.BORDER_CONSTANT, borderValue=1.0)
+            reject = occ.soften(warped, OCCLUDER_GROW * feather, OCCLUDER_GROW * feather)
+            skin *= 1.0 - reject
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
         source_layer = transfer_lighting(source_layer, target_layer, skin, sigma)
         source_layer = match_sharpness(source_layer, target_layer, skin)
         alpha = np.full(mask.shape, w_tex, np.float32)
-        alpha *= 1.0 - masks.mouth_interior_mask(dst, frame, feather)
+        if reject is not None:
+            alpha *= 1.0 - reject
+        if masks.mouth_open(dst):
+            alpha *= 1.0 - masks.lips_mask(dst, frame, feather)
+        elif masks.mouth_open(src_lm):
+            # The source's lips were parted: squeezed shut they would carry its teeth
+            # and inner lips into a closed mouth. The target's closed lips stay.
+            alpha *= 1.0 - SOURCE_OPEN_LIPS_KEEP * masks.lips_mask(dst, frame, feather)
         alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, frame, feather)
         face = target_layer + alpha[..., None] * (source_layer - target_layer)
-        return face, mask
+        return face, mask, tgt_occ
