@@ -4,9 +4,18 @@ For each pair: identity similarity of the output to the source at degrees
 0/25/50/75/100, similarity to the target at 100, identity retrieval top-1 over
 the sample identities, head-pose and openness differences, seam ratio.
 
+Then, in the same run, "before" (relighting and both occluder masks off: the
+engine as it was without them) against "after" (the defaults) at degree 100:
+boundary tone ΔE and detail ratio on every pair, and on synthetic variants
+(:mod:`facefuse.synthetic`): occluder survival (an occluder over the target),
+occluder leak (one over the source) and the lighting gradient left (a source
+relit by a known gradient).
+
     .venv/bin/python bench/fuse_quality.py
 
-Writes bench/results/fuse_quality.json and the "fuse-quality" section of BENCHMARKS.md.
+Writes bench/results/fuse_quality.json, the "fuse-quality" section of
+BENCHMARKS.md, and before/after contact sheets out/fuse_quality_pairs.jpg
+(every pair) and out/fuse_quality_variants.jpg (occluders and relit sources).
 """
 
 from __future__ import annotations

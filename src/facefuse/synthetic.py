@@ -1,9 +1,10 @@
 """Reproducible synthetic variants of the sample photos, for tests and benchmarks.
 
 * :func:`paste_occluder` — an occluder over a face, its pixels taken from another
-  real image: a ``"bar"`` (a tilted band across the cheek and mouth), ``"sunglasses"``
-  (two dark lenses and a bridge over the eyes) or a ``"hand"`` (palm and four
-  fingers over the lower face, textured with another person's skin). Returns the
+  real image: a ``"bar"`` (a tilted band across the cheek and mouth) or
+  ``"sunglasses"`` (two dark lenses and a bridge over the eyes), textured from
+  the donor image away from its face (background, hair, clothes), or a ``"hand"``
+  (palm and four fingers over the lower face) textured with the donor's skin. Returns the
   image and the occluder's exact footprint.
 * :func:`relight_gradient` — the image lit by a known horizontal gradient across
   the face (a multiplicative ramp in linear gain).
@@ -71,6 +72,13 @@ def _texture(kind: OccluderKind, donor: np.ndarray, donor_lm: np.ndarray | None,
         patch = donor[y0:int(c[1] + r), x0:int(c[0] + r)]
         tex: np.ndarray = cv2.resize(patch, (w, h), interpolation=cv2.INTER_CUBIC)
         return tex
+    if donor_lm is not None:
+        # Not the donor's face: the larger strip above its forehead or below its chin.
+        d = eye_distance(donor_lm)
+        top = int(max(0, donor_lm[topo.FOREHEAD, 1] - 0.6 * d))
+        bottom = int(min(donor.shape[0], donor_lm[topo.CHIN, 1] + 0.3 * d))
+        strips = [donor[:top], donor[bottom:]]
+        donor = max(strips, key=lambda a: a.shape[0])
     dh, dw = donor.shape[:2]
     scale = max(h / dh, w / dw, 1.0)
     big = cv2.resize(donor, (int(np.ceil(dw * scale)), int(np.ceil(dh * scale))))

@@ -24,7 +24,8 @@ How a face's occluders are found (all from the mesh and the pixels, no model):
 3. **Occluders** are the non-skin pixels inside the face outline, except the
    face's own features (eyes, brows, lips, nostrils — not skin, but not
    occluders either); an occluder that continues on both sides of a feature
-   covers it (a morphological closing inside the features), and a feature whose
+   covers it (a morphological closing inside the features), one touching a brow
+   takes the part of it within :data:`BROW_REACH`, and an eye or mouth whose
    surrounding ring is mostly occluded (sunglasses over an eye, a hand over the
    mouth) is occluded as a whole.
    Specks (pores, highlights) are removed by a morphological opening.
@@ -64,6 +65,8 @@ LOG_LUMA_SD_FLOOR = 0.12
 LOG_LUMA_WIDEN = 2.0
 #: Feature (eye, mouth) rings more occluded than this are occluded as a whole.
 RING_OCCLUDED = 0.5
+#: How far (eye distances) an occluder touching a brow reaches into it.
+BROW_REACH = 0.1
 #: Nostrils: discs of this radius (eye distances) between the nose base and each wing.
 NOSTRIL_RADIUS = 0.07
 #: Brow polygon in contour order (lower edge, then the upper edge back).
@@ -234,6 +237,10 @@ def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *, outside: float = 
         ring = (cv2.dilate(m, ring_k) > 127) & ~(any_feat > 127) & (face > 127)
         if ring.any() and binary[ring].mean() > RING_OCCLUDED:
             binary[fm] = 1
+    # Brows are thin: an occluder touching one (a lens rim, a fringe) takes the
+    # part of it within a brow's height.
+    brows = (np.maximum(feats[2], feats[3]) > 127) & (binary == 0)
+    binary[brows] = cv2.dilate(binary, _disc(BROW_REACH * d))[brows]
     out: np.ndarray = np.maximum(binary.astype(np.float32), beyond)
     return out
 
