@@ -29,7 +29,8 @@ import numpy as np
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.occlusion import skin_vertices
 
-#: Ridge weight on the first and second SH bands (the basis values are O(1)); the constant term is free.
+#: Ridge weight on the first and second SH bands (the basis values are O(1));
+#: the constant term is free.
 RIDGE = (0.0, 0.02, 0.02, 0.02, 0.1, 0.1, 0.1, 0.1, 0.1)
 #: The shading never falls below this share of its mean: no division blow-ups at
 #: grazing normals.
@@ -38,8 +39,8 @@ MIN_SHADING = 0.25
 MAX_GAIN = 3.0
 #: Fewer usable skin vertices than this and a face's lighting is not estimated.
 MIN_FIT_VERTICES = 40
-#: Vertex colours are read after a blur of this share of the eye distance.
-COLOUR_BLUR_FRACTION = 0.02
+#: Vertex colours are averaged over this share of the eye distance.
+COLOUR_RADIUS_FRACTION = 0.04
 
 
 def vertex_normals(points: np.ndarray, triangles: np.ndarray) -> np.ndarray:
@@ -55,9 +56,9 @@ def vertex_normals(points: np.ndarray, triangles: np.ndarray) -> np.ndarray:
     a, b, c = p[triangles[:, 0]], p[triangles[:, 1]], p[triangles[:, 2]]
     n = np.cross(b - a, c - a)  # area-weighted face normals
     n[n[:, 2] > 0] *= -1.0  # toward the camera: negative z in the mesh's frame
-    acc = np.zeros_like(p)
-    for k in range(3):
-        np.add.at(acc, triangles[:, k], n)
+    idx = triangles.reshape(-1)
+    rep = np.repeat(n, 3, axis=0)
+    acc = np.stack([np.bincount(idx, rep[:, c], minlength=len(p)) for c in range(3)], axis=1)
     acc[:, 1:] *= -1.0  # to x right, y up, z toward the viewer
     norm = np.linalg.norm(acc, axis=1, keepdims=True)
     out: np.ndarray = np.where(norm > 0, acc / np.maximum(norm, 1e-12), [0.0, 0.0, 1.0])
@@ -71,16 +72,19 @@ def sh_basis(normals: np.ndarray) -> np.ndarray:
     return np.stack([one, x, y, z, x * y, x * z, y * z, x * x - y * y, 3 * z * z - 1], axis=1)
 
 
-def vertex_colours(image: np.ndarray, points: np.ndarray, sigma: float) -> np.ndarray:
+def vertex_colours(image: np.ndarray, points: np.ndarray, radius: float) -> np.ndarray:
     """Colours (N, 3) float64 of ``image`` (H, W, 3) at ``points`` (N, ≥2) pixels,
-    after a Gaussian blur of ``sigma`` pixels (so a vertex reads its neighbourhood,
-    not one pore)."""
-    img = image.astype(np.float32)
-    if sigma > 0.3:
-        img = cv2.GaussianBlur(img, (0, 0), sigma)
+    averaged over about ``radius`` pixels (so a vertex reads its neighbourhood, not
+    one pore): sampled bilinearly from an area-downsampled copy."""
+    h, w = image.shape[:2]
+    k = max(1.0, float(radius))
+    small = cv2.resize(image, (max(1, round(w / k)), max(1, round(h / k))),
+                       interpolation=cv2.INTER_AREA).astype(np.float32)
+    fx, fy = small.shape[1] / w, small.shape[0] / h
     xy = np.asarray(points, np.float32)[:, :2]
-    out = cv2.remap(img, xy[:, 0:1].copy(), xy[:, 1:2].copy(), cv2.INTER_LINEAR,
-                    borderMode=cv2.BORDER_REFLECT_101)
+    mx = ((xy[:, 0:1] + 0.5) * fx - 0.5).astype(np.float32)
+    my = ((xy[:, 1:2] + 0.5) * fy - 0.5).astype(np.float32)
+    out = cv2.remap(small, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT_101)
     return np.asarray(out, np.float64).reshape(len(xy), 3)
 
 
@@ -143,7 +147,7 @@ def face_lighting(image: np.ndarray, landmarks: np.ndarray, normals: np.ndarray,
         idx = idx[occluders[yi, xi] <= 0.5]
     if len(idx) < MIN_FIT_VERTICES:
         return None
-    cols = vertex_colours(image, landmarks[idx], COLOUR_BLUR_FRACTION * eye_distance(landmarks))
+    cols = vertex_colours(image, landmarks[idx], COLOUR_RADIUS_FRACTION * eye_distance(landmarks))
     return fit_lighting(cols, normals[idx])
 
 

@@ -105,8 +105,9 @@ def skin_vertices(landmarks: np.ndarray) -> np.ndarray:
     lm = np.asarray(landmarks, np.float64)[:468, :2]
     clear = FEATURE_CLEARANCE * eye_distance(landmarks)
     avoid = np.concatenate([_feature_points(landmarks), lm[list(topo.FACE_OVAL)]])
-    d = np.min(np.linalg.norm(lm[:, None, :] - avoid[None, :, :], axis=2), axis=1)
-    return np.flatnonzero(d > clear)
+    d2 = ((lm[:, None, 0] - avoid[None, :, 0]) ** 2
+          + (lm[:, None, 1] - avoid[None, :, 1]) ** 2).min(axis=1)
+    return np.flatnonzero(d2 > clear * clear)
 
 
 def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None:
@@ -117,11 +118,11 @@ def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None
     inside = (xy[:, 0] >= 0) & (xy[:, 0] < w) & (xy[:, 1] >= 0) & (xy[:, 1] < h)
     if inside.sum() < 20:
         return None
-    sigma = max(0.5, 0.02 * eye_distance(landmarks))
-    blurred = cv2.GaussianBlur(image.astype(np.float32), (0, 0), sigma)
-    pts = np.asarray(xy[inside], np.float32)
-    cols = cv2.remap(blurred, pts[:, 0:1].copy(), pts[:, 1:2].copy(), cv2.INTER_LINEAR,
-                     borderMode=cv2.BORDER_REFLECT_101).reshape(-1, 3)
+    # Each vertex reads a few pixels around it: sampled from a 2× area-averaged copy.
+    small = cv2.resize(image, (max(1, w // 2), max(1, h // 2)), interpolation=cv2.INTER_AREA)
+    pts = (np.asarray(xy[inside], np.float32) + 0.5) * np.float32(0.5) - 0.5
+    cols = cv2.remap(small.astype(np.float32), pts[:, 0:1].copy(), pts[:, 1:2].copy(),
+                     cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT_101).reshape(-1, 3)
     f = _features(cols).astype(np.float64)
     med = np.median(f, axis=0)
     mad = np.median(np.abs(f - med), axis=0) * 1.4826 + 1e-6
@@ -140,6 +141,12 @@ def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None
     return SkinModel(mean, np.linalg.inv(cov + 1e-12 * np.eye(3)), float(np.median(luma)))
 
 
+#: Rows: r + 1, g + 1, luma, r + g + b + 3 (last column: the constant) — the
+#: chromaticity and luma features' ingredients in one pass of ``cv2.transform``.
+_FEATURE_MIX = np.array([[1, 0, 0, 1], [0, 1, 0, 1], [0.299, 0.587, 0.114, 0], [1, 1, 1, 3]],
+                        np.float32)
+
+
 def skin_probability(image: np.ndarray, model: SkinModel, sigma: float = 0.0) -> np.ndarray:
     """(H, W) float32 probability-like score that each pixel is this face's skin.
 
@@ -148,27 +155,33 @@ def skin_probability(image: np.ndarray, model: SkinModel, sigma: float = 0.0) ->
     img = image.astype(np.float32)
     if sigma > 0.3:
         img = cv2.GaussianBlur(img, (0, 0), sigma)
-    f = _features(img) - model.mean.astype(np.float32)
-    luma = 0.299 * img[..., 0] + 0.587 * img[..., 1] + 0.114 * img[..., 2]
+    r1, g1, luma, total = cv2.split(cv2.transform(img, _FEATURE_MIX))
+    inv = 1.0 / total
+    mean = model.mean.astype(np.float32)
+    f0 = r1 * inv - mean[0]
+    f1 = g1 * inv - mean[1]
+    f2 = cv2.log(luma + np.float32(4.0)) - mean[2]
     # Highlights: light reflected off the skin's surface adds white, moving the
     # chromaticity toward grey by at most the share of the luma above the skin's
     # median. Shadows: light bounced between skin surfaces is skin-coloured, so
     # shaded skin is more saturated, by at most the share of luma it lost. That
     # much motion along the grey–skin line is forgiven; a white object is further.
-    to_grey = np.float32(1.0 / 3.0) - model.mean[:2].astype(np.float32)
-    span = float(np.linalg.norm(to_grey))
+    to_grey = np.float32(1.0 / 3.0) - mean[:2]
+    span = np.float32(np.linalg.norm(to_grey))
     if span > 1e-6:
-        u = to_grey / span
-        along = f[..., 0] * u[0] + f[..., 1] * u[1]
-        safe = np.maximum(luma, 1.0)
-        greyer = span * np.clip(1.0 - model.median_luma / safe, 0.0, 1.0)
-        richer = span * np.clip(1.0 - safe / model.median_luma, 0.0, 1.0)
+        u0, u1 = to_grey / span
+        along = f0 * u0 + f1 * u1
+        ratio = np.float32(model.median_luma) / np.maximum(luma, np.float32(1.0))
+        greyer = span * np.clip(1.0 - ratio, 0.0, 1.0)
+        richer = span * np.clip(1.0 - 1.0 / ratio, 0.0, 1.0)
         shift = np.clip(along, -richer, greyer)
-        f[..., 0] -= shift * u[0]
-        f[..., 1] -= shift * u[1]
-    q = np.einsum("hwi,ij,hwj->hw", f, model.inv_cov.astype(np.float32), f)
+        f0 -= shift * u0
+        f1 -= shift * u1
+    a = model.inv_cov.astype(np.float32)
+    q = (a[0, 0] * f0 * f0 + a[1, 1] * f1 * f1 + a[2, 2] * f2 * f2
+         + 2 * (a[0, 1] * f0 * f1 + a[0, 2] * f0 * f2 + a[1, 2] * f1 * f2))
     d = np.sqrt(np.maximum(q, 0.0))
-    p = np.clip((SKIN_D_HIGH - d) / (SKIN_D_HIGH - SKIN_D_LOW), 0.0, 1.0)
+    p = np.clip((SKIN_D_HIGH - d) * np.float32(1.0 / (SKIN_D_HIGH - SKIN_D_LOW)), 0.0, 1.0)
     p[luma < DARK_SHARE * model.median_luma] = 0.0
     out: np.ndarray = p.astype(np.float32)
     return out
@@ -185,6 +198,21 @@ def _disc(r: float) -> np.ndarray:
     return k_
 
 
+def _grow(mask: np.ndarray, r: float) -> np.ndarray:
+    """Binary (H, W) mask (nonzero = on) grown by a disc of ``r`` pixels, as bool:
+    through the distance transform, linear in the pixel count whatever ``r``."""
+    dist = cv2.distanceTransform((mask == 0).astype(np.uint8), cv2.DIST_L2, 3)
+    out: np.ndarray = dist <= r
+    return out
+
+
+def _shrink(mask: np.ndarray, r: float) -> np.ndarray:
+    """Binary (H, W) mask shrunk by a disc of ``r`` pixels, as bool."""
+    dist = cv2.distanceTransform((mask != 0).astype(np.uint8), cv2.DIST_L2, 3)
+    out: np.ndarray = dist > r
+    return out
+
+
 def feature_masks(landmarks: np.ndarray, shape: tuple[int, int]) -> list[np.ndarray]:
     """Binary (H, W) uint8 masks of the face's own non-skin features: each eye,
     each brow, the lips, the nostrils — slightly grown so their edges count."""
@@ -194,8 +222,11 @@ def feature_masks(landmarks: np.ndarray, shape: tuple[int, int]) -> list[np.ndar
     for idx, grow in ((topo.EYE_IMAGE_LEFT, 0.06), (topo.EYE_IMAGE_RIGHT, 0.06),
                       (_BROW_LEFT, 0.04), (_BROW_RIGHT, 0.04), (topo.LIPS_OUTER, 0.04)):
         m = np.zeros(shape, np.uint8)
-        _poly(m, lm[list(idx)])
-        out.append(cv2.dilate(m, _disc(grow * d)))
+        pts = np.round(lm[list(idx)] * 4).astype(np.int32)
+        # The polygon grown by a disc: filled, plus its outline drawn that thick.
+        cv2.fillPoly(m, [pts], 255, shift=2)
+        cv2.polylines(m, [pts], True, 255, thickness=max(1, round(2 * grow * d)), shift=2)
+        out.append(m)
     m = np.zeros(shape, np.uint8)
     for a, b in _NOSTRIL_PAIRS:
         c = 0.5 * (lm[a] + lm[b])
@@ -205,15 +236,48 @@ def feature_masks(landmarks: np.ndarray, shape: tuple[int, int]) -> list[np.ndar
 
 
 def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *, outside: float = 0.0,
-                  model: SkinModel | None = None) -> np.ndarray:
+                  scale: float = 1.0) -> np.ndarray:
     """Mask (H, W) float32 of what covers the face in ``image``: 1 on an occluder,
     0 on skin and on the face's features; ``outside`` beyond the face outline
-    (1 when the caller must not take pixels from there). See the module doc."""
+    (1 when the caller must not take pixels from there). See the module doc.
+
+    ``scale`` < 1 computes it on the image resized by that factor (cheaper; the
+    result is upsampled, so its edges are soft) — for masks that are feathered
+    anyway. Only the face outline's bounding box is examined.
+    """
+    h, w = image.shape[:2]
+    lm = np.asarray(landmarks, np.float64)
+    oval = lm[list(topo.FACE_OVAL), :2]
+    x0 = int(np.clip(np.floor(oval[:, 0].min()) - 2, 0, w))
+    y0 = int(np.clip(np.floor(oval[:, 1].min()) - 2, 0, h))
+    x1 = int(np.clip(np.ceil(oval[:, 0].max()) + 3, 0, w))
+    y1 = int(np.clip(np.ceil(oval[:, 1].max()) + 3, 0, h))
+    out = np.full((h, w), outside, np.float32)
+    if x1 - x0 < 4 or y1 - y0 < 4:
+        return out
+    crop = image[y0:y1, x0:x1]
+    local = lm.copy()
+    local[:, 0] -= x0
+    local[:, 1] -= y0
+    if scale < 1.0:
+        size = (max(4, round((x1 - x0) * scale)), max(4, round((y1 - y0) * scale)))
+        crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
+        local[:, :2] *= (size[0] / (x1 - x0), size[1] / (y1 - y0))
+        local[:, 2] *= scale
+    m = _occluders(np.ascontiguousarray(crop), local, outside)
+    if scale < 1.0:
+        m = cv2.resize(m, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
+    out[y0:y1, x0:x1] = m
+    return out
+
+
+def _occluders(image: np.ndarray, landmarks: np.ndarray, outside: float) -> np.ndarray:
+    """:func:`occluder_mask` on an image cropped to the face."""
     h, w = image.shape[:2]
     face = np.zeros((h, w), np.uint8)
     _poly(face, landmarks[list(topo.FACE_OVAL), :2].astype(np.float64))
     beyond = outside * (1.0 - face.astype(np.float32) / 255.0)
-    model = model or fit_skin_model(image, landmarks)
+    model = fit_skin_model(image, landmarks)
     if model is None:
         return beyond
     d = eye_distance(landmarks)
@@ -226,21 +290,20 @@ def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *, outside: float = 
     binary = cv2.morphologyEx(binary, cv2.MORPH_OPEN, _disc(0.03 * d))
     # An occluder crossing a feature (a bar over the lips) covers it where it
     # continues on both sides: close the mask, but only inside the features.
-    closed = cv2.morphologyEx(binary, cv2.MORPH_CLOSE, _disc(0.1 * d))
+    closed = _shrink(_grow(binary, 0.1 * d), 0.1 * d)
     binary[feat] = closed[feat]
     # A feature whose ring is mostly covered is covered too (sunglasses, a hand).
-    ring_k = _disc(0.12 * d)
     for m in feats[:2] + feats[4:5]:
         fm = m > 127
         if not fm.any():
             continue
-        ring = (cv2.dilate(m, ring_k) > 127) & ~(any_feat > 127) & (face > 127)
+        ring = _grow(m, 0.12 * d) & ~feat & (face > 127)
         if ring.any() and binary[ring].mean() > RING_OCCLUDED:
             binary[fm] = 1
     # Brows are thin: an occluder touching one (a lens rim, a fringe) takes the
     # part of it within a brow's height.
     brows = (np.maximum(feats[2], feats[3]) > 127) & (binary == 0)
-    binary[brows] = cv2.dilate(binary, _disc(BROW_REACH * d))[brows]
+    binary[brows] = _grow(binary, BROW_REACH * d)[brows]
     out: np.ndarray = np.maximum(binary.astype(np.float32), beyond)
     return out
 

@@ -38,6 +38,9 @@ SOURCE_OPEN_LIPS_KEEP = 1.0
 #: Growth and feather of the rejected source occluders, in feather widths: the
 #: occluder's own soft edge (hair strands, a lens rim) must not bleed in.
 OCCLUDER_GROW = 0.15
+#: The source's occluders are found at this share of the working scale: their mask
+#: is grown and feathered anyway, and it halves their cost.
+SOURCE_OCCLUDER_SCALE = 0.5
 
 
 #: Faces whose outer eye corners are further apart than this (pixels) are
@@ -66,6 +69,36 @@ def _crop_scaled(
         crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
         pts *= scale
     return np.ascontiguousarray(crop), pts
+
+
+#: Per-vertex fields (the relighting gains) are splatted on a grid this many times
+#: coarser than the working resolution and upsampled: they are smooth.
+FIELD_STEP = 4
+#: Splat radius (Gaussian σ) of the vertex fields, as a fraction of the eye distance:
+#: about the mesh's vertex spacing.
+FIELD_SIGMA_FRACTION = 0.08
+
+
+def _vertex_field(values: np.ndarray, points: np.ndarray, size: tuple[int, int],
+                  sigma: float) -> np.ndarray:
+    """Per-vertex RGB ``values`` (N, 3) at ``points`` (N, 2) spread into a smooth
+    (h, w, 3) float32 image of ``size`` = (w, h): normalised Gaussian splatting
+    (σ = ``sigma`` pixels) on a coarse grid, so the cost is a few small blurs."""
+    w, h = size
+    gw, gh = max(2, -(-w // FIELD_STEP)), max(2, -(-h // FIELD_STEP))
+    ix = np.clip(np.rint(points[:, 0] / FIELD_STEP).astype(int), 0, gw - 1)
+    iy = np.clip(np.rint(points[:, 1] / FIELD_STEP).astype(int), 0, gh - 1)
+    num = np.zeros((gh, gw, 3), np.float32)
+    den = np.zeros((gh, gw), np.float32)
+    np.add.at(num, (iy, ix), values.astype(np.float32))
+    np.add.at(den, (iy, ix), 1.0)
+    s = max(0.7, sigma / FIELD_STEP)
+    num = cv2.GaussianBlur(num, (0, 0), s, borderType=cv2.BORDER_REPLICATE)
+    den = cv2.GaussianBlur(den, (0, 0), s, borderType=cv2.BORDER_REPLICATE)
+    field = num / np.maximum(den, 1e-3)[..., None]
+    field[den < 1e-3] = 1.0
+    out: np.ndarray = cv2.resize(field, (w, h), interpolation=cv2.INTER_LINEAR)
+    return out
 
 
 class ClassicSwapper:
@@ -140,20 +173,14 @@ class ClassicSwapper:
         tris = _triangles(mesh_dst, (w, h))
         w_tex = options.texture_weight
         relight = options.relight and w_tex > 0.0
-        sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
         src_occ = tgt_occ = None
         if options.reject_source_occluders and w_tex > 0.0:
-            src_occ = occ.occluder_mask(src_img, src_lm, outside=1.0)
+            src_occ = occ.occluder_mask(src_img, src_lm, outside=1.0,
+                                        scale=SOURCE_OCCLUDER_SCALE)
         if options.keep_target_occluders:
             tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
-        if relight:
-            gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
-                                      src_occ, tgt_occ)
-            # Per-vertex gains ride the same dense map: an affine map per triangle of
-            # vertex values is their barycentric interpolation.
-            sets += [gains[:, 0:2], gains[:, 1:3]]
-        maps, valid = piecewise_affine_maps(sets, mesh_dst, tris, frame)
-        (mx_t, my_t), (mx_s, my_s) = maps[0], maps[1]
+        ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
+            [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]], mesh_dst, tris, frame)
         bg = tgt_img.astype(np.float32)
         outside = ~valid
         # Outside the mesh the maps are undefined: use the target's own pixels there,
@@ -169,8 +196,10 @@ class ClassicSwapper:
             return target_layer, mask, tgt_occ
         source_layer = remap_region(src_img, mx_s, my_s).astype(np.float32)
         if relight:
-            gain = np.stack([maps[2][0], maps[2][1], maps[3][1]], axis=-1)
-            source_layer *= np.clip(gain, 1.0 / light.MAX_GAIN, light.MAX_GAIN)
+            gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
+                                      src_occ, tgt_occ)
+            source_layer *= _vertex_field(gains, mesh_dst, (w, h),
+                                          FIELD_SIGMA_FRACTION * eye_distance(dst))
         source_layer[outside] = target_layer[outside]
         skin = (mask > 0.5).astype(np.float32)
         reject = None
