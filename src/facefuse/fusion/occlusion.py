@@ -24,11 +24,13 @@ How a face's occluders are found (all from the mesh and the pixels, no model):
 3. **Occluders** are the non-skin pixels inside the face outline, except the
    face's own features (eyes, brows, lips, nostrils — not skin, but not
    occluders either); an occluder that continues on both sides of a feature
-   covers it (a morphological closing inside the features), one touching a brow
-   takes the part of it within :data:`BROW_REACH`, and an eye or mouth whose
+   covers it (a morphological closing inside the features), one covering part of
+   a brow's, the lips' or the nostrils' surroundings takes the part of the
+   feature within :data:`BROW_REACH`, and an eye or mouth whose
    surrounding ring is mostly occluded (sunglasses over an eye, a hand over the
    mouth) is occluded as a whole.
-   Specks (pores, highlights) are removed by a morphological opening.
+   Specks (pores, highlights) are removed by a morphological opening, and
+   islands smaller than :data:`MIN_OCCLUDER_AREA` of the face are dropped.
 
 Facial hair follows from this rule: a beard or moustache is not skin, so a
 source's beard is rejected (a bearded source onto a clean-shaven target gives
@@ -63,10 +65,14 @@ CHROMA_SD_FLOOR = 0.015
 LOG_LUMA_SD_FLOOR = 0.12
 #: The log-luma spread is widened by this factor: shading is not an occluder.
 LOG_LUMA_WIDEN = 2.0
+#: Occluder islands smaller than this share of the face's area are dropped.
+MIN_OCCLUDER_AREA = 0.015
 #: Feature (eye, mouth) rings more occluded than this are occluded as a whole.
 RING_OCCLUDED = 0.5
-#: How far (eye distances) an occluder touching a brow reaches into it.
+#: How far (eye distances) an occluder next to a brow, the lips or the nostrils
+#: reaches into it, when it covers more than this share of its surroundings.
 BROW_REACH = 0.1
+BROW_RING_OCCLUDED = 0.15
 #: Nostrils: discs of this radius (eye distances) between the nose base and each wing.
 NOSTRIL_RADIUS = 0.07
 #: Brow polygon in contour order (lower edge, then the upper edge back).
@@ -235,11 +241,19 @@ def feature_masks(landmarks: np.ndarray, shape: tuple[int, int]) -> list[np.ndar
     return out
 
 
-def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *, outside: float = 0.0,
+def outline_mask(landmarks: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """(H, W) float32: 1 inside the mesh's face outline, 0 outside (anti-aliased)."""
+    m = np.zeros(shape[:2], np.uint8)
+    _poly(m, np.asarray(landmarks, np.float64)[list(topo.FACE_OVAL), :2])
+    out: np.ndarray = m.astype(np.float32) * np.float32(1.0 / 255.0)
+    return out
+
+
+def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *,
                   scale: float = 1.0) -> np.ndarray:
     """Mask (H, W) float32 of what covers the face in ``image``: 1 on an occluder,
-    0 on skin and on the face's features; ``outside`` beyond the face outline
-    (1 when the caller must not take pixels from there). See the module doc.
+    0 on skin, on the face's features and outside the face outline. See the
+    module doc.
 
     ``scale`` < 1 computes it on the image resized by that factor (cheaper; the
     result is upsampled, so its edges are soft) — for masks that are feathered
@@ -252,7 +266,7 @@ def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *, outside: float = 
     y0 = int(np.clip(np.floor(oval[:, 1].min()) - 2, 0, h))
     x1 = int(np.clip(np.ceil(oval[:, 0].max()) + 3, 0, w))
     y1 = int(np.clip(np.ceil(oval[:, 1].max()) + 3, 0, h))
-    out = np.full((h, w), outside, np.float32)
+    out = np.zeros((h, w), np.float32)
     if x1 - x0 < 4 or y1 - y0 < 4:
         return out
     crop = image[y0:y1, x0:x1]
@@ -264,22 +278,21 @@ def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *, outside: float = 
         crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
         local[:, :2] *= (size[0] / (x1 - x0), size[1] / (y1 - y0))
         local[:, 2] *= scale
-    m = _occluders(np.ascontiguousarray(crop), local, outside)
+    m = _occluders(np.ascontiguousarray(crop), local)
     if scale < 1.0:
         m = cv2.resize(m, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
     out[y0:y1, x0:x1] = m
     return out
 
 
-def _occluders(image: np.ndarray, landmarks: np.ndarray, outside: float) -> np.ndarray:
+def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     """:func:`occluder_mask` on an image cropped to the face."""
     h, w = image.shape[:2]
     face = np.zeros((h, w), np.uint8)
     _poly(face, landmarks[list(topo.FACE_OVAL), :2].astype(np.float64))
-    beyond = outside * (1.0 - face.astype(np.float32) / 255.0)
     model = fit_skin_model(image, landmarks)
     if model is None:
-        return beyond
+        return np.zeros((h, w), np.float32)
     d = eye_distance(landmarks)
     feats = feature_masks(landmarks, (h, w))
     any_feat = np.maximum.reduce(feats)
@@ -293,18 +306,31 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray, outside: float) -> np.n
     closed = _shrink(_grow(binary, 0.1 * d), 0.1 * d)
     binary[feat] = closed[feat]
     # A feature whose ring is mostly covered is covered too (sunglasses, a hand).
-    for m in feats[:2] + feats[4:5]:
+    for m in feats[:2] + feats[4:]:
         fm = m > 127
         if not fm.any():
             continue
         ring = _grow(m, 0.12 * d) & ~feat & (face > 127)
         if ring.any() and binary[ring].mean() > RING_OCCLUDED:
             binary[fm] = 1
-    # Brows are thin: an occluder touching one (a lens rim, a fringe) takes the
-    # part of it within a brow's height.
-    brows = (np.maximum(feats[2], feats[3]) > 127) & (binary == 0)
-    binary[brows] = _grow(binary, BROW_REACH * d)[brows]
-    out: np.ndarray = np.maximum(binary.astype(np.float32), beyond)
+    # An occluder that covers a good part of a brow's, the lips' or the nostrils'
+    # surroundings (a lens rim, a fringe, a bar along the lip) takes the part of
+    # the feature within :data:`BROW_REACH` of it.
+    reach = None
+    for m in feats[2:]:
+        fm = (m > 127) & (binary == 0)
+        # The ring includes neighbouring features: an eye covered by now counts.
+        ring = _grow(m, 0.1 * d) & (m <= 127) & (face > 127)
+        if fm.any() and ring.any() and binary[ring].mean() > BROW_RING_OCCLUDED:
+            reach = _grow(binary, BROW_REACH * d) if reach is None else reach
+            binary[fm] = reach[fm]
+    # Small islands are shading, stubble or a highlight, not something in front.
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(binary, connectivity=8)
+    if n > 1:
+        small = stats[:, cv2.CC_STAT_AREA] < MIN_OCCLUDER_AREA * max(1, int(face.sum() // 255))
+        small[0] = False
+        binary[small[labels]] = 0
+    out: np.ndarray = binary.astype(np.float32)
     return out
 
 

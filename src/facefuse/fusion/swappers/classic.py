@@ -38,9 +38,12 @@ SOURCE_OPEN_LIPS_KEEP = 1.0
 #: Growth and feather of the rejected source occluders, in feather widths: the
 #: occluder's own soft edge (hair strands, a lens rim) must not bleed in.
 OCCLUDER_GROW = 0.15
-#: The source's occluders are found at this share of the working scale: their mask
-#: is grown and feathered anyway, and it halves their cost.
-SOURCE_OCCLUDER_SCALE = 0.5
+#: The source's occluders are found at this eye distance (pixels) when its face
+#: is larger: their mask is grown and feathered anyway, and it saves half their
+#: cost; smaller, the features would swallow what covers them.
+SOURCE_OCCLUDER_EYE_PX = 64.0
+#: Exponent on the relighting gains (1 = the full change of lighting).
+RELIGHT_STRENGTH = 1.0
 
 
 #: Faces whose outer eye corners are further apart than this (pixels) are
@@ -175,8 +178,8 @@ class ClassicSwapper:
         relight = options.relight and w_tex > 0.0
         src_occ = tgt_occ = None
         if options.reject_source_occluders and w_tex > 0.0:
-            src_occ = occ.occluder_mask(src_img, src_lm, outside=1.0,
-                                        scale=SOURCE_OCCLUDER_SCALE)
+            src_occ = occ.occluder_mask(
+                src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm)))
         if options.keep_target_occluders:
             tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
         ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
@@ -198,7 +201,7 @@ class ClassicSwapper:
         if relight:
             gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
                                       src_occ, tgt_occ)
-            source_layer *= _vertex_field(gains, mesh_dst, (w, h),
+            source_layer *= _vertex_field(gains**RELIGHT_STRENGTH, mesh_dst, (w, h),
                                           FIELD_SIGMA_FRACTION * eye_distance(dst))
         source_layer[outside] = target_layer[outside]
         skin = (mask > 0.5).astype(np.float32)
@@ -207,6 +210,11 @@ class ClassicSwapper:
             warped = cv2.remap(src_occ, mx_s, my_s, cv2.INTER_LINEAR,
                                borderMode=cv2.BORDER_CONSTANT, borderValue=1.0)
             reject = occ.soften(warped, OCCLUDER_GROW * feather, OCCLUDER_GROW * feather)
+            # Nothing from beyond the source's face outline (its background, hair
+            # or collar where the mesh's edge overshoots): crisp, not grown.
+            inside = cv2.remap(occ.outline_mask(src_lm, src_img.shape), mx_s, my_s,
+                               cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
+            reject = np.maximum(reject, 1.0 - inside)
             skin *= 1.0 - reject
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
         source_layer = transfer_lighting(source_layer, target_layer, skin, sigma)
