@@ -89,6 +89,11 @@ def pair_row(fuser: FaceFuser, images: dict[str, np.ndarray], faces: dict[str, l
     emb = an.analyse(r.image)[0].embedding
     top1 = max(gallery, key=lambda i: float(np.dot(emb, gallery[i])))
     ff = r.fused[0]
+    lm = ff.target_face.landmarks.astype(np.float64)
+    # Boundary tone: the fused skin inside the blend edge against the target's just
+    # outside; the unfused target measured the same way is the natural level.
+    de = boundary_delta_e(r.image, images[t], ff.mask, ff.region, lm)
+    own = boundary_delta_e(images[t], images[t], ff.mask, ff.region, lm)
     x0, y0, x1, y1 = ff.region
     inner = ff.mask >= 0.9
     detail = (detail_energy(r.image[y0:y1, x0:x1], inner)
@@ -99,8 +104,7 @@ def pair_row(fuser: FaceFuser, images: dict[str, np.ndarray], faces: dict[str, l
             "pose_diff": max(q["yaw_diff"], q["pitch_diff"], q["roll_diff"]),
             "mouth_diff": q["mouth_diff"], "eye_diff": q["eye_diff"],
             "seam_ratio": q["seam_ratio"], "fuse_ms": r.timings_ms.get("fuse", 0.0),
-            "boundary_de": boundary_delta_e(r.image, images[t], ff.mask, ff.region,
-                                            ff.target_face.landmarks.astype(np.float64)),
+            "boundary_de": de, "boundary_de_excess": abs(de - own),
             "detail_ratio": detail}, r.image
 
 
@@ -115,7 +119,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                         for r in rows),
         "top1": sum(r["top1_ok"] for r in rows),
         **{k: med_max(k) for k in ("pose_diff", "mouth_diff", "eye_diff", "seam_ratio",
-                                   "boundary_de", "detail_ratio")},
+                                   "boundary_de", "boundary_de_excess", "detail_ratio")},
     }
 
 
@@ -223,6 +227,8 @@ def main() -> None:
                             ("seam_ratio", "seam ratio", ".2f"),
                             ("boundary_de", "boundary tone ΔE (L*a*b*, inside vs outside "
                              "the blend edge)", ".1f"),
+                            ("boundary_de_excess", "boundary ΔE away from the target's own "
+                             "(same rings on the unfused target)", ".1f"),
                             ("detail_ratio", "detail energy, output / target face", ".2f")):
         b, a = sums["before"][key], sums["after"][key]
         lines.append(f"| {label} | {b[0]:{fmt}} / {b[1]:{fmt}} | {a[0]:{fmt}} / {a[1]:{fmt}} |")

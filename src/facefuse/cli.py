@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quality", type=int, default=92, help="JPEG/WebP quality")
     f.add_argument("--report", metavar="JSON", help="write the quality/timing report")
     f.add_argument("--contact-sheet", metavar="PNG",
-                   help="write source, target and outputs at degrees 0/50/100")
+                   help="write source, target, outputs at degrees 0/50/100 and at 100 "
+                        "without relighting and occluder masks")
     f.set_defaults(func=cmd_fuse)
 
     sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
