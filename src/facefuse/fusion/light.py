@@ -58,7 +58,8 @@ def vertex_normals(points: np.ndarray, triangles: np.ndarray) -> np.ndarray:
     n[n[:, 2] > 0] *= -1.0  # toward the camera: negative z in the mesh's frame
     idx = triangles.reshape(-1)
     rep = np.repeat(n, 3, axis=0)
-    acc = np.stack([np.bincount(idx, rep[:, c], minlength=len(p)) for c in range(3)], axis=1)
+    acc = np.stack([np.bincount(idx, rep[:, c], minlength=len(p)) for c in range(3)],
+                   axis=1).astype(np.float64)
     acc[:, 1:] *= -1.0  # to x right, y up, z toward the viewer
     norm = np.linalg.norm(acc, axis=1, keepdims=True)
     out: np.ndarray = np.where(norm > 0, acc / np.maximum(norm, 1e-12), [0.0, 0.0, 1.0])

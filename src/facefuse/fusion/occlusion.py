@@ -158,7 +158,7 @@ def skin_probability(image: np.ndarray, model: SkinModel, sigma: float = 0.0) ->
 
     ``sigma`` (pixels) blurs the image first, so texture and noise do not count.
     """
-    img = image.astype(np.float32)
+    img: np.ndarray = image.astype(np.float32)
     if sigma > 0.3:
         img = cv2.GaussianBlur(img, (0, 0), sigma)
     r1, g1, luma, total = cv2.split(cv2.transform(img, _FEATURE_MIX))
@@ -299,8 +299,8 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     occ = (1.0 - skin_probability(image, model, max(0.5, 0.01 * d))) * (face / 255.0)
     feat = any_feat > 127
     occ[feat] = 0.0
-    binary = (occ > 0.5).astype(np.uint8)
-    binary = cv2.morphologyEx(binary, cv2.MORPH_OPEN, _disc(0.03 * d))
+    binary: np.ndarray = cv2.morphologyEx((occ > 0.5).astype(np.uint8), cv2.MORPH_OPEN,
+                                          _disc(0.03 * d))
     # An occluder crossing a feature (a bar over the lips) covers it where it
     # continues on both sides: close the mask, but only inside the features.
     closed = _shrink(_grow(binary, 0.1 * d), 0.1 * d)
@@ -337,7 +337,7 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
 def soften(mask: np.ndarray, grow_px: float, sigma: float) -> np.ndarray:
     """A binary-ish occluder mask grown by ``grow_px`` pixels and feathered by
     ``sigma`` (so the occluder's own anti-aliased edge is covered too)."""
-    m = mask.astype(np.float32)
+    m: np.ndarray = mask.astype(np.float32)
     if grow_px >= 0.5:
         m = cv2.dilate(m, _disc(grow_px))
     if sigma > 0.3:

@@ -129,7 +129,7 @@ def occluder_leak(output_occluded: np.ndarray, output_clean: np.ndarray, target:
     def outside_range(ref: np.ndarray) -> np.ndarray:
         lo = cv2.erode(ref, k).astype(np.int16) - LEAK_THRESHOLD
         hi = cv2.dilate(ref, k).astype(np.int16) + LEAK_THRESHOLD
-        res: np.ndarray = ((out < lo) | (out > hi)).any(-1)
+        res = np.asarray(((out < lo) | (out > hi)).any(-1))
         return res
 
     leaked = outside_range(output_clean) & outside_range(target)

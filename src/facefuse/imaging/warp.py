@@ -335,4 +335,5 @@ def delaunay(points: npt.ArrayLike, rect: Region | None = None) -> I32:
     result = result[np.abs(cross) > _MIN_AREA2]
     flip = cross[np.abs(cross) > _MIN_AREA2] < 0
     result[flip] = result[flip][:, [0, 2, 1]]
-    return result
+    out: I32 = result.astype(np.int32)
+    return out
