@@ -8,8 +8,9 @@ Then, in the same run, "before" (relighting and both occluder masks off: the
 engine as it was without them) against "after" (the defaults) at degree 100:
 boundary tone ΔE and detail ratio on every pair, and on synthetic variants
 (:mod:`facefuse.synthetic`): occluder survival (an occluder over the target),
-occluder leak (one over the source) and the lighting gradient left (a source
-relit by a known gradient).
+occluder leak (one over the source), the lighting gradient left (a source
+relit by a known gradient) and background independence (the source's
+background repainted flat).
 
     .venv/bin/python bench/fuse_quality.py
 
@@ -34,12 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.geometry import head_pose
 from facefuse.fusion.quality import boundary_delta_e
 from facefuse.fusion.trials import (
     AFTER,
     BEFORE,
     GRADIENT_STRENGTH,
     Sample,
+    background_trial,
     leak_trial,
     lighting_trial,
     survival_trial,
@@ -147,6 +150,12 @@ def variant_rows(fuser: FaceFuser, samples: dict[str, Sample], pairs: list[tuple
             rows.append(row)
             if on_sheet:
                 sheet += [tiles_t, tiles_s]
+        row = {"source": s, "target": t, "trial": "background",
+               "yaw_diff": abs(head_pose(samples[s].landmarks)[0]
+                               - head_pose(samples[t].landmarks)[0])}
+        for name, opts in SETTINGS.items():
+            row[f"background_{name}"] = background_trial(fuser, samples[s], samples[t], opts)[0]
+        rows.append(row)
         row = {"source": s, "target": t, "trial": "gradient"}
         tiles = []
         for name, opts in SETTINGS.items():
@@ -260,6 +269,17 @@ def main() -> None:
     a = [abs(v["gradient_left_after"]) for v in gs]
     lines.append(f"| lighting: gradient left (absolute) | {statistics.median(b):.3f} / "
                  f"{max(b):.3f} | {statistics.median(a):.3f} / {max(a):.3f} | |")
+    bg = sorted((v for v in variants if v["trial"] == "background"), key=lambda v: v["yaw_diff"])
+    b = [v["background_before"] for v in bg]
+    a = [v["background_after"] for v in bg]
+    lines.append(f"| background repainted flat: share of the changed output pixels that change "
+                 f"by > 25 | {statistics.median(b):.4f} / {max(b):.4f} | "
+                 f"{statistics.median(a):.4f} / {max(a):.4f} | "
+                 f"{sum(x <= 0.002 for x in a)}/{len(a)} (≤ 0.002) |")
+    lines += ["", "Background independence by head-yaw difference (source vs target, degrees; "
+              "before → after): " + ", ".join(
+                  f"{v['source']}→{v['target']} {v['yaw_diff']:.0f}°: "
+                  f"{v['background_before']:.4f} → {v['background_after']:.4f}" for v in bg) + "."]
     lines += ["", "Contact sheets (before | after): `out/fuse_quality_pairs.jpg` (source, "
               "target, before, after for every pair), `out/fuse_quality_variants.jpg` "
               "(per pair of the sheet: occluder over the target, then over the source, for bar, "

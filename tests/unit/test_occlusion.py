@@ -16,6 +16,7 @@ from facefuse.fusion.trials import (
     AFTER,
     BEFORE,
     Sample,
+    background_trial,
     leak_trial,
     lighting_trial,
     survival_trial,
@@ -86,6 +87,19 @@ def test_source_lighting_is_replaced_by_the_targets(fuser: FaceFuser,
         assert after is not None and before is not None
         assert abs(after[0]) <= 0.08, (s, t, after[0])
         assert abs(after[0]) < abs(before[0]), (s, t, before[0], after[0])
+
+
+def test_no_output_pixel_comes_from_the_sources_background(
+        fuser: FaceFuser, samples: dict[str, Sample]) -> None:
+    # Head yaw differences of about 25° (biden → obama2) down to 0°.
+    worst_before = 0.0
+    for s, t in [("biden", "obama2"), ("obama2", "astronaut"), ("obama", "obama2"),
+                 ("obama3", "biden")]:
+        after, _ = background_trial(fuser, samples[s], samples[t], AFTER)
+        assert after <= 0.002, (s, t, after)
+        worst_before = max(worst_before, background_trial(fuser, samples[s], samples[t],
+                                                          BEFORE)[0])
+    assert worst_before > 0.02  # without the outline limit the background shows
 
 
 def _teeth_share(image: np.ndarray, lips: np.ndarray) -> float:

@@ -13,6 +13,9 @@ relit image is analysed again, as a user's photo would be.
 * :func:`lighting_trial` — a source lit by a known horizontal gradient: the share
   of that gradient left on the output face (0 = the target's lighting, 1 = the
   source's carried over whole).
+* :func:`background_trial` — the source's background repainted flat: the share
+  of the output's changed pixels that change again (0 = no pixel of the output
+  comes from beyond the source's face).
 """
 
 from __future__ import annotations
@@ -110,3 +113,27 @@ def lighting_trial(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOpti
     applied = gradient_slope(lit, src.image, src_where, src.landmarks)
     left = gradient_slope(out, r.image, where, tgt.landmarks)
     return left / applied if applied else 0.0, out
+
+
+#: Output pixels differing by more than this between the two background trials count.
+BACKGROUND_THRESHOLD = 25
+#: The flat colour the source's background is repainted with.
+FLAT_BACKGROUND = (0, 255, 0)
+
+
+def background_trial(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOptions
+                     ) -> tuple[float, np.ndarray]:
+    """(share, output): fuse ``src`` into ``tgt``, then repaint everything of the
+    source outside its face outline with a flat colour and fuse again; the share
+    of the pixels the first fusion changed that differ by more than
+    :data:`BACKGROUND_THRESHOLD` between the two (0 = the output does not depend
+    on the source's background)."""
+    first = _fuse(fuser, src, tgt, options)
+    flat = src.image.copy()
+    flat[~face_outline_mask(src.landmarks, flat.shape)] = FLAT_BACKGROUND
+    second = _fuse(fuser, Sample(flat, src.faces), tgt, options)
+    changed = np.abs(first.astype(np.int16) - tgt.image.astype(np.int16)).max(-1) > 0
+    if not changed.any():
+        return 0.0, second
+    diff = np.abs(first.astype(np.int16) - second.astype(np.int16)).max(-1)
+    return float((diff[changed] > BACKGROUND_THRESHOLD).mean()), second

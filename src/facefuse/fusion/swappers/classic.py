@@ -42,6 +42,7 @@ OCCLUDER_GROW = 0.15
 #: is larger: their mask is grown and feathered anyway, and it saves half their
 #: cost; smaller, the features would swallow what covers them.
 SOURCE_OCCLUDER_EYE_PX = 64.0
+_SHRINK = np.ones((3, 3), np.uint8)
 #: Exponent on the relighting gains (1 = the full change of lighting).
 RELIGHT_STRENGTH = 1.0
 
@@ -212,8 +213,10 @@ class ClassicSwapper:
             reject = occ.soften(warped, OCCLUDER_GROW * feather, OCCLUDER_GROW * feather)
             # Nothing from beyond the source's face outline (its background, hair
             # or collar where the mesh's edge overshoots): crisp, not grown.
-            inside = cv2.remap(occ.outline_mask(src_lm, src_img.shape), mx_s, my_s,
-                               cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
+            # (shrunk by a pixel, so bilinear sampling at the edge reads no background).
+            inside = cv2.remap(cv2.erode(occ.outline_mask(src_lm, src_img.shape), _SHRINK),
+                               mx_s, my_s, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
+                               borderValue=0.0)
             reject = np.maximum(reject, 1.0 - inside)
             skin *= 1.0 - reject
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
