@@ -65,8 +65,10 @@ CHROMA_SD_FLOOR = 0.015
 LOG_LUMA_SD_FLOOR = 0.12
 #: The log-luma spread is widened by this factor: shading is not an occluder.
 LOG_LUMA_WIDEN = 2.0
-#: Occluder islands smaller than this share of the face's area are dropped.
+#: Occluder islands smaller than this share of the face's area are dropped; before
+#: the feature rules, those under the smaller share (they would only seed them).
 MIN_OCCLUDER_AREA = 0.015
+EARLY_ISLAND_AREA = 0.004
 #: Feature (eye, mouth) rings more occluded than this are occluded as a whole.
 RING_OCCLUDED = 0.5
 #: How far (eye distances) an occluder next to a brow, the lips or the nostrils
@@ -301,6 +303,10 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     occ[feat] = 0.0
     binary: np.ndarray = cv2.morphologyEx((occ > 0.5).astype(np.uint8), cv2.MORPH_OPEN,
                                           _disc(0.03 * d))
+    area = max(1, int(face.sum() // 255))
+    _drop_islands(binary, EARLY_ISLAND_AREA * area)
+    if not binary.any():  # the common case: nothing covers the face
+        return np.zeros((h, w), np.float32)
     # An occluder crossing a feature (a bar over the lips) covers it where it
     # continues on both sides: close the mask, but only inside the features.
     closed = _shrink(_grow(binary, 0.1 * d), 0.1 * d)
@@ -325,13 +331,19 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
             reach = _grow(binary, BROW_REACH * d) if reach is None else reach
             binary[fm] = reach[fm]
     # Small islands are shading, stubble or a highlight, not something in front.
-    n, labels, stats, _ = cv2.connectedComponentsWithStats(binary, connectivity=8)
-    if n > 1:
-        small = stats[:, cv2.CC_STAT_AREA] < MIN_OCCLUDER_AREA * max(1, int(face.sum() // 255))
-        small[0] = False
-        binary[small[labels]] = 0
+    _drop_islands(binary, MIN_OCCLUDER_AREA * area)
     out: np.ndarray = binary.astype(np.float32)
     return out
+
+
+def _drop_islands(binary: np.ndarray, min_area: float) -> None:
+    """Clear (in place) the 8-connected islands of ``binary`` (uint8) smaller than
+    ``min_area`` pixels."""
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(binary, connectivity=8)
+    if n > 1:
+        small = stats[:, cv2.CC_STAT_AREA] < min_area
+        small[0] = False
+        binary[small[labels]] = 0
 
 
 def soften(mask: np.ndarray, grow_px: float, sigma: float) -> np.ndarray:
