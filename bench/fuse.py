@@ -81,7 +81,8 @@ def compare_masks(repeat: int) -> None:
         "only (`FaceFuser.fuse_faces`, evaluation off), targets at 1024 px long side, median "
         f"over the pairs {', '.join(f'{s}→{t}' for s, t in PAIRS)} of each pair's median; "
         "before = `relight`, `reject_source_occluders`, `keep_target_occluders` off, after = "
-        "the defaults, timed pair by pair in the same run.",
+        "the defaults, timed pair by pair in the same run (on a shared machine the absolute "
+        "figures move from run to run; the ratio is the figure to read).",
         "",
         "| threads | before (ms) | after (ms) | after / before |",
         "|---:|---:|---:|---:|",
