@@ -152,6 +152,8 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     options = FuseOptions(
         degree=args.degree, shape=args.shape, texture=args.texture, mode=args.mode,
         target_face_index=args.target_face_index, blend=args.blend, swapper=args.swapper,
+        relight=args.relight, reject_source_occluders=args.source_occluders,
+        keep_target_occluders=args.target_occluders,
     )
     sources = [Path(p) for p in args.source]
     result = fuser.fuse(sources, Path(args.target), options,
@@ -249,10 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--reference", help="image of the target person to replace (mode reference)")
     f.add_argument("--blend", choices=["multiband", "poisson", "alpha"], default="multiband")
     f.add_argument("--swapper", default="classic", help="classic or a registered ONNX swapper")
+    f.add_argument("--no-relight", dest="relight", action="store_false",
+                   help="do not relight the source face with the target's lighting")
+    f.add_argument("--no-source-occluders", dest="source_occluders", action="store_false",
+                   help="take the source's pixels even where something covers its face")
+    f.add_argument("--no-target-occluders", dest="target_occluders", action="store_false",
+                   help="paint over whatever covers the target's face")
     f.add_argument("--quality", type=int, default=92, help="JPEG/WebP quality")
     f.add_argument("--report", metavar="JSON", help="write the quality/timing report")
     f.add_argument("--contact-sheet", metavar="PNG",
-                   help="write source, target and outputs at degrees 0/50/100")
+                   help="write source, target, outputs at degrees 0/50/100 and at 100 "
+                        "without relighting and occluder masks")
     f.set_defaults(func=cmd_fuse)
 
     sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")

@@ -33,7 +33,8 @@ from facefuse.imaging.pixels import OpenCVPixels, PixelBackend, pixel_backend
 def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str,
                 pixels: PixelBackend | None = None) -> None:
     """Blend ``layer`` into ``image`` (in place) over the layer's region only
-    (multi-band on ``pixels``, default OpenCV)."""
+    (multi-band on ``pixels``, default OpenCV); the layer's ``keep`` pixels (the
+    target's occluders) go back on top afterwards."""
     x0, y0, x1, y1 = layer.region
     bg = image[y0:y1, x0:x1]
     fg = np.clip(layer.face, 0, 255).astype(np.float32)
@@ -44,6 +45,8 @@ def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str,
         out = poisson_blend(fg, bg, layer.mask)
     else:
         out = alpha_blend(fg, bg, layer.mask)
+    if layer.keep is not None:
+        out = alpha_blend(bg.astype(np.float32), out.astype(np.float32), layer.keep)
     image[y0:y1, x0:x1] = np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 

@@ -169,7 +169,9 @@ async def fuse(request: Request) -> Response:
     params = validate_params(FuseParams, fields)
     options = FuseOptions(degree=params.degree, shape=params.shape, texture=params.texture,
                           mode=params.mode, target_face_index=params.target_face_index,
-                          blend=params.blend)
+                          blend=params.blend, relight=params.relight,
+                          reject_source_occluders=params.reject_source_occluders,
+                          keep_target_occluders=params.keep_target_occluders)
     reference = images.get("reference")
     if params.mode == "reference" and reference is None:
         raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
