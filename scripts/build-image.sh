@@ -44,7 +44,10 @@ log "context in $CTX"
 # Dependencies and the project in separate folders so an edit of the source reuses
 # the cached dependency layer.
 $PY -m pip wheel -q --no-deps -w "$CTX/project" . >&2
-$PY -m pip wheel -q -w "$CTX/deps" "$(ls "$CTX"/project/facefuse-*.whl)[serve,build]" >&2
+# async-timeout: redis needs it on CPython < 3.11.3 (Debian bookworm has 3.11.2),
+# which this host's interpreter may not, so its marker would drop it here.
+$PY -m pip wheel -q -w "$CTX/deps" "$(ls "$CTX"/project/facefuse-*.whl)[serve,build]" \
+    'async-timeout>=4.0.3' >&2
 rm -f "$CTX"/deps/facefuse-*.whl
 $PY -m pip download -q --no-deps --only-binary=:all: -d "$CTX/pip" pip >&2
 # The pinned sources and samples, fetched (and verified) by the project's own commands.
