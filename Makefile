@@ -62,8 +62,8 @@ image: setup system-deps
 	FACEFUSE_IMAGE=$$ref $(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_image.py
 
 # The naive single-stage image next to the slim one: sizes and cold start into BENCHMARKS.md.
-image-naive: image
-	$(PY) bench/image_size.py --benchmarks BENCHMARKS.md
+image-naive: setup system-deps
+	$(PY) bench/image_size.py --benchmarks
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench

@@ -22,6 +22,9 @@ rm -f "$VENV"/bin/pip "$VENV"/bin/pip3* "$VENV"/bin/tflite2onnx "$VENV"/bin/isym
 # model conversion tools): the server only creates inference sessions.
 rm -rf "$SITE/onnxruntime/quantization" "$SITE/onnxruntime/transformers" \
     "$SITE/onnxruntime/tools" "$SITE/onnxruntime/datasets" "$SITE/onnxruntime/backend"
+# The C-API library (35 MB): the Python binding is self-contained (it links only
+# libc/libstdc++), libonnxruntime.so serves C/C++ callers and plugin EPs.
+rm -f "$SITE"/onnxruntime/capi/libonnxruntime.so*
 # The project's own offline toolchain (model build and quantization) has no runtime use.
 rm -rf "$SITE/facefuse/models/build" "$SITE/facefuse/models/quantize" \
     "$SITE/facefuse/toolchain"

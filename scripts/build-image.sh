@@ -12,7 +12,8 @@
 # Usage: bash scripts/build-image.sh [--dockerfile deploy/Dockerfile] [--tag NAME]
 #        [--context-only DIR]      prepare the context for docker build elsewhere
 # Prints the image reference (name:version-revision) on the last line of stdout.
-# Env:   FACEFUSE_HOME, BASE, IMAGE_NAME (default localhost/facefuse), QUANTIZE (1)
+# Env:   FACEFUSE_HOME, BASE, IMAGE_NAME (default localhost/facefuse), QUANTIZE (1),
+#        EXTRA_WHEELS (requirements fetched into extra/, for bench/Dockerfile.naive)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PATH="$PATH:/usr/sbin:/sbin"
@@ -39,7 +40,7 @@ CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 CTX="${CONTEXT_ONLY:-$(mktemp -d -t facefuse-image-ctx-XXXXXX)}"
 [ -n "$CONTEXT_ONLY" ] || trap 'rm -rf "$CTX"' EXIT
-mkdir -p "$CTX/pip" "$CTX/deps" "$CTX/project" "$CTX/home"
+mkdir -p "$CTX/pip" "$CTX/deps" "$CTX/project" "$CTX/home" "$CTX/extra"
 log "context in $CTX"
 # Dependencies and the project in separate folders so an edit of the source reuses
 # the cached dependency layer.
@@ -50,6 +51,10 @@ $PY -m pip wheel -q -w "$CTX/deps" "$(ls "$CTX"/project/facefuse-*.whl)[serve,bu
     'async-timeout>=4.0.3' >&2
 rm -f "$CTX"/deps/facefuse-*.whl
 $PY -m pip download -q --no-deps --only-binary=:all: -d "$CTX/pip" pip >&2
+if [ -n "${EXTRA_WHEELS:-}" ]; then
+    # shellcheck disable=SC2086  # a list of requirements
+    $PY -m pip download -q --no-deps --only-binary=:all: -d "$CTX/extra" $EXTRA_WHEELS >&2
+fi
 # The pinned sources and samples, fetched (and verified) by the project's own commands.
 .venv/bin/facefuse samples >&2
 .venv/bin/facefuse models build >&2
@@ -63,7 +68,8 @@ fi
 BASE_REF="${BASE:-$(bash scripts/build-base.sh)}"
 REF="$NAME:$VERSION-$REVISION"
 log "building $REF from $DOCKERFILE on $BASE_REF"
-podman build --isolation chroot --layers \
+# --format docker: the OCI image format has no HEALTHCHECK (podman would drop it).
+podman build --isolation chroot --layers --format docker \
     -f "$DOCKERFILE" \
     --build-arg BASE="$BASE_REF" \
     --build-arg VERSION="$VERSION" \

@@ -7,6 +7,7 @@ each with its reason, so this test never needs a skip list of its own.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,25 @@ def tool(name: str) -> str:
     if found is None:
         pytest.fail(f"{name} is missing: run `make deploy-tools` (or make install)")
     return found
+
+
+def checkov(framework: str, path: Path) -> dict[str, Any]:
+    """checkov's report on one file, offline (no guideline download, no upload)."""
+    proc = subprocess.run(
+        [tool("checkov"), "--quiet", "--compact", "-o", "json", "--skip-download",
+         "--framework", framework, "-f", str(path)],
+        capture_output=True, text=True, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"})
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"checkov gave no report (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    reports = report if isinstance(report, list) else [report]
+    assert len(reports) == 1, reports
+    return dict(reports[0])
+
+
+def failed_checks(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
 
 
 def render(overlay: str) -> list[dict[str, Any]]:
@@ -68,16 +88,11 @@ def test_objects_validate_against_kubernetes_schemas(
 
 
 def test_checkov_finds_no_failure(rendered: tuple[str, list[dict[str, Any]], Path]) -> None:
-    name, _, path = rendered
-    proc = subprocess.run(
-        [tool("checkov"), "--quiet", "--compact", "-o", "json", "--framework", "kubernetes",
-         "-f", str(path)], capture_output=True, text=True)
-    report = json.loads(proc.stdout)
-    reports = report if isinstance(report, list) else [report]
-    failed = [(c["check_id"], c["resource"]) for r in reports
-              for c in r.get("results", {}).get("failed_checks", [])]
-    assert failed == [], name
-    assert sum(r.get("summary", {}).get("passed", 0) for r in reports) > 20
+    name, docs, path = rendered
+    report = checkov("kubernetes", path)
+    assert failed_checks(report) == [], name
+    assert report["summary"]["resource_count"] >= len(docs)
+    assert report["summary"]["passed"] > 50
 
 
 def test_deployment_contract(rendered: tuple[str, list[dict[str, Any]], Path]) -> None:
@@ -124,13 +139,9 @@ def test_dockerfile_lint(dockerfile: Path) -> None:
     proc = subprocess.run([tool("hadolint"), "--no-color", str(dockerfile)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = subprocess.run(
-        [tool("checkov"), "--quiet", "--compact", "-o", "json", "--framework", "dockerfile",
-         "-f", str(dockerfile)], capture_output=True, text=True)
-    report = json.loads(proc.stdout)
-    reports = report if isinstance(report, list) else [report]
-    failed = [c["check_id"] for r in reports for c in r.get("results", {}).get("failed_checks", [])]
-    assert failed == []
+    report = checkov("dockerfile", dockerfile)
+    assert failed_checks(report) == []
+    assert report["summary"]["passed"] > 10
 
 
 def test_gpu_dockerfile_keeps_in_step_with_the_cpu_one() -> None:
