@@ -42,6 +42,10 @@ CTX="${CONTEXT_ONLY:-$(mktemp -d -t facefuse-image-ctx-XXXXXX)}"
 [ -n "$CONTEXT_ONLY" ] || trap 'rm -rf "$CTX"' EXIT
 mkdir -p "$CTX/pip" "$CTX/deps" "$CTX/project" "$CTX/home" "$CTX/extra"
 log "context in $CTX"
+# Reproducible wheels (zip timestamps from the last commit), so an unchanged tree
+# reuses podman's cached layers.
+SOURCE_DATE_EPOCH="$(git log -1 --format=%ct 2>/dev/null || echo 315532800)"
+export SOURCE_DATE_EPOCH
 # Dependencies and the project in separate folders so an edit of the source reuses
 # the cached dependency layer.
 $PY -m pip wheel -q --no-deps -w "$CTX/project" . >&2
