@@ -46,7 +46,8 @@ def inspect(ref: str) -> ImageConfig:
     info = json.loads(out)[0]
     cfg = info["Config"]
     env = dict(item.split("=", 1) for item in cfg.get("Env") or [])
-    health = info.get("HealthCheck") or cfg.get("Healthcheck") or {}
+    # podman reports it at the top level; docker under Config.
+    health = info.get("Healthcheck") or cfg.get("Healthcheck") or {}
     return ImageConfig(
         user=cfg.get("User") or "0:0",
         env=env,
