@@ -31,8 +31,8 @@ from typing import Any
 from report import ROOT, machine, machine_line, write_json, write_section
 
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-from image_rootfs import ChrootProcess, inspect, mounted  # noqa: E402
-from server_harness import free_port  # noqa: E402
+from image_rootfs import ChrootProcess, inspect, mounted
+from server_harness import free_port
 
 
 def build(dockerfile: str, name: str, extra: str = "") -> tuple[str, float]:
@@ -109,9 +109,10 @@ def markdown(m: dict[str, Any], res: dict[str, dict[str, Any]], cmd: str) -> str
     ]
     for name, r in res.items():
         starts = ", ".join(f"{s:.1f}" for s in r["cold_start_s"])
-        lines.append(f"| {name} (`{r['ref']}`) | **{mb(r['size'])}** | {r['venv_kib'] / 1024:.0f} MiB"
-                     f" | {r['models_kib'] / 1024:.0f} MiB | {statistics.median(r['cold_start_s']):.1f} s"
-                     f" ({starts}) | {r['build_s']:.0f} |")
+        median = statistics.median(r["cold_start_s"])
+        lines.append(f"| {name} (`{r['ref']}`) | **{mb(r['size'])}** "
+                     f"| {r['venv_kib'] / 1024:.0f} MiB | {r['models_kib'] / 1024:.0f} MiB "
+                     f"| {median:.1f} s ({starts}) | {r['build_s']:.0f} |")
     if naive:
         lines.append(f"\nSlim vs naive: **{naive['size'] / slim['size']:.1f}× smaller** "
                      f"({mb(naive['size'])} → {mb(slim['size'])}).")
