@@ -2,6 +2,7 @@
 #   make serve   install, build models, start the API on 127.0.0.1:8000 (in-process caches)
 #   make test    install, build models, fetch samples, run the whole suite
 #   make demo    analyse and fuse the sample photos into ./out/
+#   make image   build the container image (podman, offline) and smoke-test it
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,14 +12,15 @@ export FACEFUSE_HOME ?= $(HOME)/.cache/facefuse
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: install models samples setup demo serve test lint bench bench-serve quantize clean system-deps \
-	bench-gpu-deps gpu-check-cpu gpu-wheels
+	bench-gpu-deps gpu-check-cpu gpu-wheels \
+	deploy-tools image image-naive
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PIP) install -q -e '.[build,serve,dev]'
+	$(PIP) install -q -e '.[build,serve,dev,deploy]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -41,8 +43,28 @@ demo: setup
 serve: models
 	$(VENV)/bin/facefuse serve --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),8000)
 
-test: setup system-deps
+test: setup system-deps deploy-tools
 	$(VENV)/bin/pytest -q
+
+# checkov in a venv of its own (its pins conflict with the test tools).
+TOOLS := .venv-tools
+CHECKOV_VERSION := 3.3.30
+$(TOOLS)/.checkov-$(CHECKOV_VERSION):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install -q checkov==$(CHECKOV_VERSION)
+	rm -f $(TOOLS)/.checkov-* && touch $@
+
+deploy-tools: $(TOOLS)/.checkov-$(CHECKOV_VERSION)
+
+# Build the CPU image (base cached under FACEFUSE_HOME), then start it from its own
+# root filesystem and fuse once (tests/integration/test_image.py). .ci/run runs this.
+image: setup system-deps
+	@ref=$$(bash scripts/build-image.sh | tail -n 1) && echo "image: $$ref" && \
+	FACEFUSE_IMAGE=$$ref $(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_image.py
+
+# The naive single-stage image next to the slim one: sizes and cold start into BENCHMARKS.md.
+image-naive: setup system-deps
+	$(PY) bench/image_size.py --benchmarks
 
 # ruff, mypy --strict (the package, then the tests: each test folder imports its
 # helper modules by bare name, as pytest does, so each is checked from inside it),
@@ -50,6 +72,7 @@ test: setup system-deps
 MYPY_TESTS = ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/hadolint deploy/Dockerfile deploy/Dockerfile.gpu
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy tests/conftest.py
 	cd tests/unit && $(MYPY_TESTS) --cache-dir ../../.mypy_cache/unit .
@@ -83,4 +106,4 @@ quantize: setup
 	$(VENV)/bin/facefuse models quantize --benchmarks BENCHMARKS.md
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) out .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,10 @@
 # Install the system packages facefuse's integration tests and deployment use:
 #   redis-server  (L2 result cache; started on a free loopback port by test fixtures)
 #   nginx         (reverse proxy in front of uvicorn; integration tests and deploy/)
+#   prometheus    (prometheus + promtool: the live stack test scrapes the replicas and
+#                  checks the shipped alert rules and dashboard queries)
+#   podman, buildah, debootstrap  (scripts/build-image.sh: the local base rootfs and the image)
+#   kubernetes-client  (kubectl kustomize renders deploy/k8s; skipped when a kubectl exists)
 #
 # Idempotent: packages already on PATH are skipped. Needs root (or passwordless sudo)
 # to install; when neither is available it prints the command to run and exits 1
@@ -10,11 +14,12 @@
 # Usage: bash scripts/install-system-deps.sh
 set -euo pipefail
 
-declare -A BINARY_OF=([redis-server]=redis-server [nginx]=nginx)
+declare -A BINARY_OF=([redis-server]=redis-server [nginx]=nginx [prometheus]=promtool
+    [podman]=podman [buildah]=buildah [debootstrap]=debootstrap [kubernetes-client]=kubectl)
 PATH="$PATH:/usr/sbin:/sbin"
 
 missing=()
-for pkg in redis-server nginx; do
+for pkg in redis-server nginx prometheus podman buildah debootstrap kubernetes-client; do
     if command -v "${BINARY_OF[$pkg]}" >/dev/null 2>&1; then
         echo "install-system-deps: ${pkg} present ($(command -v "${BINARY_OF[$pkg]}"))"
     else
@@ -46,6 +51,8 @@ export DEBIAN_FRONTEND=noninteractive
 echo "install-system-deps: installing ${missing[*]}"
 "${SUDO[@]}" apt-get update
 "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+# The Debian prometheus package starts a system service where systemd runs; the
+# tests start their own on free ports.
 
 # The Debian packages try to start system services; our tests start their own
 # instances on free ports, so a service that failed to start (no systemd in a

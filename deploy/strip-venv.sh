@@ -1,0 +1,39 @@
+#!/bin/sh
+# Remove from the image's virtual environment what the serving runtime never imports.
+# Runs in the builder stage (POSIX sh: the base has no bash guarantees).
+#   $1  the venv root, e.g. /opt/facefuse
+# Every removal is either a whole distribution no runtime module imports, or a
+# directory of tests, bytecode or offline tooling inside one that is kept.
+set -eu
+VENV="$1"
+SITE="$(echo "$VENV"/lib/python3*/site-packages)"
+
+# The [build] extra (ONNX conversion and INT8/FP16 tooling) and what only it needs.
+"$VENV/bin/pip" uninstall -y -q tflite2onnx tflite onnxconverter-common onnx sympy mpmath \
+    ml_dtypes
+# uvicorn[standard] extras a production server without --reload never loads.
+"$VENV/bin/pip" uninstall -y -q watchfiles websockets
+# The installer itself, last: nothing installs into the image after this.
+"$VENV/bin/pip" uninstall -y -q pip setuptools wheel 2>/dev/null \
+    || "$VENV/bin/python" -m pip uninstall -y -q pip
+rm -f "$VENV"/bin/pip "$VENV"/bin/pip3* "$VENV"/bin/tflite2onnx "$VENV"/bin/isympy
+
+# The offline toolchains inside onnxruntime (quantization, transformer optimisers,
+# model conversion tools): the server only creates inference sessions.
+rm -rf "$SITE/onnxruntime/quantization" "$SITE/onnxruntime/transformers" \
+    "$SITE/onnxruntime/tools" "$SITE/onnxruntime/datasets" "$SITE/onnxruntime/backend"
+# The C-API library (35 MB): the Python binding is self-contained (it links only
+# libc/libstdc++), libonnxruntime.so serves C/C++ callers and plugin EPs.
+rm -f "$SITE"/onnxruntime/capi/libonnxruntime.so*
+# The project's own offline toolchain (model build and quantization) has no runtime use.
+rm -rf "$SITE/facefuse/models/build" "$SITE/facefuse/models/quantize" \
+    "$SITE/facefuse/toolchain"
+# OpenCV's Haar cascades and the numpy/PIL test suites; C headers.
+rm -rf "$SITE/cv2/data" "$SITE/numpy/_core/tests" "$SITE/numpy/tests" \
+    "$SITE"/numpy/*/tests "$SITE/numpy/_core/include" "$SITE/numpy/f2py" \
+    "$SITE/numpy/_pyinstaller" "$SITE/numpy/typing/tests"
+find "$SITE" -depth -type d \( -name tests -o -name test \) -path '*/site-packages/*/*' \
+    -prune -exec rm -rf {} +
+find "$VENV" -depth -type d -name __pycache__ -exec rm -rf {} +
+find "$VENV" -type f \( -name '*.pyc' -o -name '*.pyi' -o -name '*.c' -o -name '*.h' \
+    -o -name '*.pxd' \) -delete
