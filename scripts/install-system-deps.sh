@@ -2,6 +2,8 @@
 # Install the system packages facefuse's integration tests and deployment use:
 #   redis-server  (L2 result cache; started on a free loopback port by test fixtures)
 #   nginx         (reverse proxy in front of uvicorn; integration tests and deploy/)
+#   libimage-exiftool-perl  (exiftool: an independent reader of the provenance XMP in tests)
+#   chromium, chromium-driver  (the headless browser the web playground is tested in)
 #
 # Idempotent: packages already on PATH are skipped. Needs root (or passwordless sudo)
 # to install; when neither is available it prints the command to run and exits 1
@@ -10,11 +12,12 @@
 # Usage: bash scripts/install-system-deps.sh
 set -euo pipefail
 
-declare -A BINARY_OF=([redis-server]=redis-server [nginx]=nginx)
+declare -A BINARY_OF=([redis-server]=redis-server [nginx]=nginx [libimage-exiftool-perl]=exiftool
+                      [chromium]=chromium [chromium-driver]=chromedriver)
 PATH="$PATH:/usr/sbin:/sbin"
 
 missing=()
-for pkg in redis-server nginx; do
+for pkg in redis-server nginx libimage-exiftool-perl chromium chromium-driver; do
     if command -v "${BINARY_OF[$pkg]}" >/dev/null 2>&1; then
         echo "install-system-deps: ${pkg} present ($(command -v "${BINARY_OF[$pkg]}"))"
     else

@@ -143,9 +143,11 @@ def cmd_analyse(args: argparse.Namespace) -> int:
 
 def cmd_fuse(args: argparse.Namespace) -> int:
     from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.mapping import parse_cli_pair
     from facefuse.fusion.sheet import contact_sheet
     from facefuse.fusion.types import FuseOptions
     from facefuse.imaging.encode import encode_image, format_from_path
+    from facefuse.imaging.output import OutputPolicy
 
     settings = _settings(args)
     fuser = FaceFuser(settings)
@@ -154,11 +156,13 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         target_face_index=args.target_face_index, blend=args.blend, swapper=args.swapper,
     )
     sources = [Path(p) for p in args.source]
-    result = fuser.fuse(sources, Path(args.target), options,
+    mapping = [parse_cli_pair(m) for m in args.map] if args.map else None
+    result = fuser.fuse(sources, Path(args.target), options, mapping=mapping,
                         reference=Path(args.reference) if args.reference else None)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(encode_image(result.image, format_from_path(out), args.quality))
+    out.write_bytes(OutputPolicy.from_settings(settings).encode(
+        result.image, format_from_path(out), args.quality))
     report = result.report()
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
@@ -245,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--mode", choices=["one", "many", "reference"], default="one")
     f.add_argument("--target-face-index", type=int)
     f.add_argument("--reference", help="image of the target person to replace (mode reference)")
+    f.add_argument("--map", action="append", metavar="SRC[.FACE]=TARGET",
+                   help="face mapping, repeatable: source image SRC (its face FACE, default "
+                   "0 = largest) replaces target face TARGET (an index, largest first, or a "
+                   "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
     f.add_argument("--blend", choices=["multiband", "poisson", "alpha"], default="multiband")
     f.add_argument("--swapper", default="classic", help="classic or a registered ONNX swapper")
     f.add_argument("--quality", type=int, default=92, help="JPEG/WebP quality")
