@@ -164,8 +164,10 @@ async def fuse_template(request: Request, template: str) -> Response:
     t = time.perf_counter()
     stored = await store.get(template)
     ctx.timer.add("template", t)
-    key = result_key(sha256_hex(req.sources[0]), f"template:{stored.id}",
-                     req.key_options(pipeline.output.describe()), pipeline.model_versions)
+    # Its own key (not the plain fuse's): a template fuse is computed from the stored faces.
+    key = result_key(sha256_hex(req.sources[0]), sha256_hex(stored.image),
+                     {**req.key_options(pipeline.output.describe()), "template": stored.id},
+                     pipeline.model_versions)
     t = time.perf_counter()
     cached = await svc.l2.get(key)
     lookup_ms = (time.perf_counter() - t) * 1000.0
