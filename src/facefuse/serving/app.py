@@ -34,6 +34,7 @@ from facefuse.serving.http_errors import install_error_handlers
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.middleware import RequestContextMiddleware
 from facefuse.serving.pipeline import Pipeline
+from facefuse.serving.playground import install_playground
 from facefuse.serving.routes import router
 from facefuse.serving.routes_templates import router as product_router
 from facefuse.serving.security import ApiKeys, BodyLimitMiddleware
@@ -157,6 +158,7 @@ def create_app(
     app.state.services = svc
     app.include_router(router)
     app.include_router(product_router)
+    install_playground(app)
     install_error_handlers(app)
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

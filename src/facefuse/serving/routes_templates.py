@@ -21,6 +21,8 @@ from pydantic import Field, field_validator
 from facefuse.errors import NoFaceError
 from facefuse.fusion.mapping import MAX_MAPPINGS
 from facefuse.fusion.select import MAX_ABS_YAW_DEG, MIN_EYE_DISTANCE_PX
+from facefuse.imaging.decode import sniff_format
+from facefuse.imaging.encode import content_type
 from facefuse.serving.cache.keys import result_key, sha256_hex
 from facefuse.serving.fuse_request import SOURCE_FIELDS, read_fuse_request
 from facefuse.serving.inputs import read_request, validate_params
@@ -130,6 +132,15 @@ async def list_templates(request: Request) -> dict[str, Any]:
 @api.get("/templates/{template}", summary="One template: its faces with boxes and indices")
 async def get_template(request: Request, template: str) -> dict[str, Any]:
     return _detail(await services(request).require_templates().get(template))
+
+
+@api.get("/templates/{template}/image", summary="The template's image, as uploaded",
+         response_class=Response,
+         responses={200: {"content": {"image/jpeg": {}, "image/png": {}, "image/webp": {}}}})
+async def template_image(request: Request, template: str) -> Response:
+    stored = await services(request).require_templates().get(template)
+    return Response(stored.image, media_type=content_type(sniff_format(stored.image)),
+                    headers={"Cache-Control": "private, max-age=3600"})
 
 
 @admin.delete("/templates/{template}", summary="Delete a template", status_code=204,
