@@ -4,7 +4,7 @@ selenium through Debian's ``chromium-driver``) against a real server with API ke
 Uploads the sample photos, types the key, picks a face with the keyboard, moves the
 degree slider, fuses, and checks the result's pixels differ from the target inside
 the chosen face only. Screenshots go to the test's tmp dir; with
-``FACEFUSE_DOCS_SCREENSHOT=1`` one is also written to docs/playground.png.
+``FACEFUSE_DOCS_SCREENSHOT=1`` one is also written to docs/playground.jpg.
 """
 
 from __future__ import annotations
@@ -152,7 +152,10 @@ def test_playground_fuses_the_chosen_face_only(
     assert link.is_displayed() and link.get_attribute("download") == "facefuse.png"
     browser.save_screenshot(str(tmp_path / "playground-desktop.png"))
     if os.environ.get("FACEFUSE_DOCS_SCREENSHOT") == "1":
-        browser.save_screenshot(str(DOCS / "playground.png"))  # committed as a JPEG
+        from PIL import Image
+
+        shot = Image.open(tmp_path / "playground-desktop.png").convert("RGB")
+        shot.save(DOCS / "playground.jpg", quality=82, optimize=True)
 
     # a phone-width screen: no sideways scrolling, the controls still there
     browser.set_window_size(390, 844)
