@@ -30,6 +30,7 @@ from facefuse.imaging.provenance import (
     Corner,
     Provenance,
     draw_label,
+    software_version,
 )
 
 #: Signature algorithm by private key type (C2PA names).
@@ -38,9 +39,7 @@ _ALGS: Final = {"ec256": "es256", "ec384": "es384", "ed25519": "ed25519"}
 
 def c2pa_manifest(source_type: str = COMPOSITE_SYNTHETIC) -> dict[str, Any]:
     """The C2PA manifest definition facefuse signs: who made it and how."""
-    from facefuse import __version__
-
-    agent = {"name": "facefuse", "version": __version__}
+    agent = {"name": "facefuse", "version": software_version()}
     return {
         "claim_generator_info": [agent],
         "assertions": [{"label": "c2pa.actions.v2", "data": {"actions": [

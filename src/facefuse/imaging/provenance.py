@@ -41,11 +41,20 @@ Corner = Literal["bottom-right", "bottom-left", "top-right", "top-left"]
 CORNERS: Final[tuple[Corner, ...]] = ("bottom-right", "bottom-left", "top-right", "top-left")
 
 
+def software_version() -> str:
+    """The installed facefuse version (from the package metadata, not the top-level
+    package, which this low layer must not import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("facefuse")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def software_agent() -> str:
     """``facefuse <version>``."""
-    from facefuse import __version__
-
-    return f"facefuse {__version__}"
+    return f"facefuse {software_version()}"
 
 
 @dataclass(frozen=True)
