@@ -54,7 +54,8 @@ def main() -> None:
     rows: dict[str, list[dict[str, float]]] = {"template": [], "plain": []}
     with tempfile.TemporaryDirectory() as tmp, server(
             {"FACEFUSE_TEMPLATES_DIR": tmp, "FACEFUSE_L1_CACHE_BYTES": "0",
-             "FACEFUSE_RELOAD_POLL_S": "0"}, Path(tmp) / "server.log") as srv, \
+             "FACEFUSE_RELOAD_POLL_S": "0", "FACEFUSE_ADMIN_OPEN": "true"},
+            Path(tmp) / "server.log") as srv, \
             httpx.Client(base_url=srv.url, timeout=120) as c:
         tid = c.post("/v1/templates", files={"image": ("t.jpg", target)}).json()["id"]
         for kind in ("template", "plain"):  # warm both paths once

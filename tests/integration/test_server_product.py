@@ -240,3 +240,33 @@ def test_openapi_documents_the_new_routes(client: httpx.Client) -> None:
     fuse = paths["/v1/fuse"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert "mapping" in fuse["schema"]["properties"]
     assert "source_1" in fuse["schema"]["properties"]
+
+
+def test_replicas_share_templates_through_redis(settings: Settings, model_dir: Path,
+                                                redis_server, sample_paths,
+                                                tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {"FACEFUSE_TEMPLATES_BACKEND": "redis", "FACEFUSE_REDIS_URL": redis_server.url,
+           "FACEFUSE_TEMPLATES_MAX_COUNT": "5", "FACEFUSE_RELOAD_POLL_S": "0",
+           # no keys: admin routes open (where admin routes are closed by default)
+           "FACEFUSE_ADMIN_OPEN": "true"}
+    a = ServerProcess(settings.home, tmp_path, env, name="replica-a").start()
+    try:
+        b = ServerProcess(settings.home, tmp_path, env, name="replica-b").start()
+        try:
+            with a.client() as ca, b.client() as cb:
+                assert cb.get("/v1/capabilities").json()["templates"]["backend"] == "redis"
+                r = ca.post("/v1/templates", files={
+                    "image": ("t.jpg", sample_paths["biden"].read_bytes())})
+                assert r.status_code == 201, r.text
+                tid = r.json()["id"]
+                assert [t["id"] for t in cb.get("/v1/templates").json()["templates"]] == [tid]
+                fused = cb.post(f"/v1/templates/{tid}/fuse", files={
+                    "source": ("s.jpg", sample_paths["obama"].read_bytes())})
+                assert fused.status_code == 200, fused.text
+                assert "template;dur=" in fused.headers["server-timing"]
+                assert cb.delete(f"/v1/templates/{tid}").status_code == 204
+                assert _error(ca.get(f"/v1/templates/{tid}"), 404) == "template_not_found"
+        finally:
+            assert b.stop() in GRACEFUL_EXIT, b.log_tail()
+    finally:
+        assert a.stop() in GRACEFUL_EXIT, a.log_tail()

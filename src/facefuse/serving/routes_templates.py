@@ -165,7 +165,8 @@ async def delete_template(request: Request, template: str) -> Response:
 async def fuse_template(request: Request, template: str) -> Response:
     """Like ``/v1/fuse`` with the template as the target: the template's analysis is
     read from the store, not recomputed (``Server-Timing``: ``template`` = store read;
-    ``detect`` / ``mesh`` cover the source images only)."""
+    ``detect`` / ``mesh`` cover the source images only). After a model reload the
+    template is analysed again with the new models."""
     svc = services(request)
     pipeline = svc.require_pipeline()
     store = svc.require_templates()
@@ -186,7 +187,9 @@ async def fuse_template(request: Request, template: str) -> Response:
         _mark(request, cache="hit", template=stored.id)
         return _image_response(cached, "hit", ctx, {
             "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
-    analysis = Analysis(stored.faces, True, stored.width, stored.height)
+    # Faces analysed by other model versions (a reload since) are not reused.
+    fresh = stored.model_versions == pipeline.model_versions
+    analysis = Analysis(stored.faces, True, stored.width, stored.height) if fresh else None
 
     async def compute() -> FuseOutcome:
         async with pipeline.admit():
@@ -203,6 +206,7 @@ async def fuse_template(request: Request, template: str) -> Response:
         observe_stages(svc, ctx)
     cache = "hit" if shared else "miss"
     _mark(request, cache=cache, l1=",".join(ctx.l1), template=stored.id,
+          template_analysis="stored" if fresh else "recomputed",
           faces_fused=outcome.faces_fused)
     return _image_response(_pack(outcome), cache, ctx, {
         "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
