@@ -6,6 +6,8 @@
 #                  checks the shipped alert rules and dashboard queries)
 #   podman, buildah, debootstrap  (scripts/build-image.sh: the local base rootfs and the image)
 #   kubernetes-client  (kubectl kustomize renders deploy/k8s; skipped when a kubectl exists)
+#   libimage-exiftool-perl  (exiftool: an independent reader of the provenance XMP in tests)
+#   chromium, chromium-driver  (the headless browser the web playground is tested in)
 #
 # Idempotent: packages already on PATH are skipped. Needs root (or passwordless sudo)
 # to install; when neither is available it prints the command to run and exits 1
@@ -15,11 +17,13 @@
 set -euo pipefail
 
 declare -A BINARY_OF=([redis-server]=redis-server [nginx]=nginx [prometheus]=promtool
-    [podman]=podman [buildah]=buildah [debootstrap]=debootstrap [kubernetes-client]=kubectl)
+    [podman]=podman [buildah]=buildah [debootstrap]=debootstrap [kubernetes-client]=kubectl
+    [libimage-exiftool-perl]=exiftool [chromium]=chromium [chromium-driver]=chromedriver)
 PATH="$PATH:/usr/sbin:/sbin"
 
 missing=()
-for pkg in redis-server nginx prometheus podman buildah debootstrap kubernetes-client; do
+for pkg in redis-server nginx prometheus podman buildah debootstrap kubernetes-client \
+        libimage-exiftool-perl chromium chromium-driver; do
     if command -v "${BINARY_OF[$pkg]}" >/dev/null 2>&1; then
         echo "install-system-deps: ${pkg} present ($(command -v "${BINARY_OF[$pkg]}"))"
     else

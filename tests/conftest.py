@@ -6,6 +6,7 @@ fixtures build whatever is missing, idempotently, so plain ``pytest`` works too)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +62,21 @@ def analyser(settings: Settings, registry: ModelRegistry) -> FaceAnalyser:
 @pytest.fixture(scope="session")
 def fuser(settings: Settings, analyser: FaceAnalyser) -> FaceFuser:
     return FaceFuser(settings, analyser)
+
+
+def group_photo(images: dict[str, np.ndarray], names: list[str], height: int = 700) -> np.ndarray:
+    """The named sample photos side by side at one height: a real multi-face image."""
+    import cv2
+
+    tiles = []
+    for n in names:
+        img = images[n]
+        w = round(img.shape[1] * height / img.shape[0])
+        tiles.append(cv2.resize(img, (w, height), interpolation=cv2.INTER_AREA))
+    return np.ascontiguousarray(np.concatenate(tiles, axis=1))
+
+
+@pytest.fixture(scope="session")
+def make_group(sample_images: dict[str, np.ndarray]) -> Callable[..., np.ndarray]:
+    """``make_group(["biden", "obama2"])``: see :func:`group_photo`."""
+    return lambda names, height=700: group_photo(sample_images, names, height)

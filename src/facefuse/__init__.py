@@ -12,7 +12,8 @@ Quick start::
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from facefuse.config import Settings
 from facefuse.errors import FacefuseError
@@ -58,12 +59,18 @@ def analyse(image: ImageInput, settings: Settings | None = None) -> list[Face]:
 
 
 def fuse(
-    source: ImageInput, target: ImageInput, *, degree: float = 100.0,
-    settings: Settings | None = None, **options: object,
+    source: ImageInput | Sequence[ImageInput], target: ImageInput, *, degree: float = 100.0,
+    settings: Settings | None = None, mapping: Sequence[Mapping[str, Any]] | None = None,
+    **options: object,
 ) -> FusionResult:
     """Fuse the source face into ``target`` at ``degree`` (0 = target unchanged,
     100 = full source identity). Other :class:`~facefuse.fusion.types.FuseOptions`
-    fields (``mode``, ``shape``, ``texture``, ``blend``, ...) pass as keywords."""
+    fields (``mode``, ``shape``, ``texture``, ``blend``, ...) pass as keywords.
+
+    ``mapping`` names which source face replaces which target face, e.g.
+    ``fuse([alice, bob], group, mapping=[{"source": 0, "target": 1},
+    {"source": 1, "target": [40, 60, 180, 220]}])`` (see :mod:`facefuse.fusion.mapping`).
+    """
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.types import FuseOptions
 
@@ -75,7 +82,7 @@ def fuse(
         if fuser is None:
             fuser = FaceFuser(settings, analyser)
             _fusers[settings] = fuser
-    return fuser.fuse(source, target, opts)
+    return fuser.fuse(source, target, opts, mapping=mapping)  # type: ignore[arg-type]
 
 
 def __getattr__(name: str) -> object:

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -141,31 +142,47 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_fuse(args: argparse.Namespace) -> int:
-    from facefuse.fusion.engine import FaceFuser
-    from facefuse.fusion.sheet import contact_sheet
+def _fuse_options(args: argparse.Namespace) -> Any:
     from facefuse.fusion.types import FuseOptions
-    from facefuse.imaging.encode import encode_image, format_from_path
 
-    settings = _settings(args)
-    fuser = FaceFuser(settings)
-    options = FuseOptions(
+    return FuseOptions(
         degree=args.degree, shape=args.shape, texture=args.texture, mode=args.mode,
         target_face_index=args.target_face_index, blend=args.blend, swapper=args.swapper,
         relight=args.relight, reject_source_occluders=args.source_occluders,
         keep_target_occluders=args.target_occluders,
     )
-    sources = [Path(p) for p in args.source]
-    result = fuser.fuse(sources, Path(args.target), options,
+
+
+def cmd_fuse(args: argparse.Namespace) -> int:
+    if args.targets or args.pairs:
+        return cmd_fuse_batch(args)
+    from facefuse.errors import InvalidArgumentError
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.mapping import parse_cli_pair
+    from facefuse.fusion.sheet import contact_sheet
+    from facefuse.imaging.encode import encode_image, format_from_path
+    from facefuse.imaging.output import OutputPolicy
+
+    if len(args.images) < 2 or not args.output:
+        raise InvalidArgumentError("give SOURCE... TARGET -o OUTPUT, or --targets/--pairs "
+                                   "with --out-dir for a batch")
+    settings = _settings(args)
+    fuser = FaceFuser(settings)
+    options = _fuse_options(args)
+    sources = [Path(p) for p in args.images[:-1]]
+    target = Path(args.images[-1])
+    mapping = [parse_cli_pair(m) for m in args.map] if args.map else None
+    result = fuser.fuse(sources, target, options, mapping=mapping,
                         reference=Path(args.reference) if args.reference else None)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(encode_image(result.image, format_from_path(out), args.quality))
+    out.write_bytes(OutputPolicy.from_settings(settings).encode(
+        result.image, format_from_path(out), args.quality))
     report = result.report()
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
     if args.contact_sheet:
-        sheet = contact_sheet(fuser, sources, Path(args.target), options)
+        sheet = contact_sheet(fuser, sources, target, options)
         Path(args.contact_sheet).write_bytes(encode_image(sheet, "png"))
     q = result.quality
     summary = ", ".join(f"{k} {v:.3f}" for k, v in q.items() if k.startswith("id_sim"))
@@ -174,6 +191,61 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"  note: {note}")
     return 0
+
+
+def cmd_fuse_batch(args: argparse.Namespace) -> int:
+    """Many targets (``--targets``) or a CSV of pairs (``--pairs``) into ``--out-dir``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from facefuse.batch import (
+        collect_pairs,
+        collect_targets,
+        plan_jobs,
+        run_batch,
+        write_report,
+    )
+    from facefuse.errors import InvalidArgumentError
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.mapping import parse_cli_pair
+    from facefuse.imaging.output import OutputPolicy
+
+    if not args.out_dir:
+        raise InvalidArgumentError("a batch (--targets or --pairs) needs --out-dir")
+    out_dir = Path(args.out_dir)
+    suffix = "jpg" if args.format == "jpeg" else args.format
+    if args.pairs:
+        jobs = collect_pairs(Path(args.pairs), out_dir, suffix)
+    else:
+        if not args.images:
+            raise InvalidArgumentError("--targets needs at least one SOURCE image")
+        targets = collect_targets(args.targets)
+        jobs = plan_jobs([Path(p) for p in args.images], targets, out_dir, suffix)
+    if not jobs:
+        raise InvalidArgumentError("no target images found", code="no_targets")
+    settings = _settings(args)
+    fuser = FaceFuser(settings)
+    mapping = [parse_cli_pair(m) for m in args.map] if args.map else None
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[rate]:.2f}/s"), TimeRemainingColumn())
+    with Progress(*columns, disable=args.no_progress) as bar:
+        task = bar.add_task("fusing", total=len(jobs), rate=0.0)
+        t0 = time.perf_counter()
+
+        def tick(job: Any, status: str) -> None:
+            done = bar.tasks[0].completed + 1
+            bar.update(task, advance=1, rate=done / max(1e-6, time.perf_counter() - t0))
+
+        report = run_batch(fuser, jobs, _fuse_options(args), OutputPolicy.from_settings(settings),
+                           quality=args.quality, mapping=mapping, n_jobs=args.jobs,
+                           overwrite=args.overwrite, progress=tick)
+    if args.json_report:
+        write_report(report, Path(args.json_report))
+    print(f"{len(report.done)} fused, {len(report.skipped)} already done, "
+          f"{len(report.failed)} failed in {report.seconds:.1f}s -> {out_dir}")
+    for f in report.failed:
+        print(f"  failed[{f['code']}]: {f['target']}: {f['message']}", file=sys.stderr)
+    return 1 if report.failed else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -238,17 +310,37 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--annotate", metavar="PNG", help="write an annotated copy")
     a.set_defaults(func=cmd_analyse)
 
-    f = sub.add_parser("fuse", help="fuse the source face into the target image")
+    f = sub.add_parser(
+        "fuse", help="fuse the source face into the target image (or many targets)",
+        description="SOURCE... TARGET -o OUT fuses one target; SOURCE... --targets DIR|GLOB "
+        "--out-dir OUT (or --pairs CSV --out-dir OUT) fuses many, skipping outputs that "
+        "exist (resume) and reporting bad files with their error code (exit 1 if any).")
     common(f)
-    f.add_argument("source", nargs="+", help="source image(s) of one person")
-    f.add_argument("target", help="target image")
-    f.add_argument("-o", "--output", required=True, help="output image (.jpg/.png/.webp)")
+    f.add_argument("images", nargs="*", metavar="IMAGE",
+                   help="source image(s), then the target image (one fusion); only sources "
+                   "with --targets")
+    f.add_argument("-o", "--output", help="output image (.jpg/.png/.webp)")
+    f.add_argument("--targets", nargs="+", metavar="DIR|GLOB|FILE",
+                   help="batch: target images (directories, globs such as 'in/*.jpg', files)")
+    f.add_argument("--pairs", metavar="CSV", help="batch: rows of source,target[,output]")
+    f.add_argument("--out-dir", help="batch: where outputs go (<target name>.<format>)")
+    f.add_argument("--format", choices=["jpeg", "png", "webp"], default="jpeg",
+                   help="batch: output format (default jpeg)")
+    f.add_argument("--jobs", type=int, default=1, help="batch: targets fused at a time "
+                   "(memory grows with it; default 1)")
+    f.add_argument("--overwrite", action="store_true", help="batch: redo existing outputs")
+    f.add_argument("--json-report", metavar="JSON", help="batch: write done/skipped/failed")
+    f.add_argument("--no-progress", action="store_true", help="batch: no progress bar")
     f.add_argument("--degree", type=float, default=100.0, help="0..100 (default 100)")
     f.add_argument("--shape", type=float, help="geometry weight 0..100 (default: degree)")
     f.add_argument("--texture", type=float, help="texture weight 0..100 (default: degree)")
     f.add_argument("--mode", choices=["one", "many", "reference"], default="one")
     f.add_argument("--target-face-index", type=int)
     f.add_argument("--reference", help="image of the target person to replace (mode reference)")
+    f.add_argument("--map", action="append", metavar="SRC[.FACE]=TARGET",
+                   help="face mapping, repeatable: source image SRC (its face FACE, default "
+                   "0 = largest) replaces target face TARGET (an index, largest first, or a "
+                   "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
     f.add_argument("--blend", choices=["multiband", "poisson", "alpha"], default="multiband")
     f.add_argument("--swapper", default="classic", help="classic or a registered ONNX swapper")
     f.add_argument("--no-relight", dest="relight", action="store_false",

@@ -134,6 +134,29 @@ class Settings:
     #: Keys that may also call the admin routes.
     admin_keys: str = field(default="", repr=False)
 
+    # --- fused outputs: provenance and labels (see docs/api.md) ------------------------
+    #: Write the IPTC digital source type and software agent (XMP) into every output.
+    provenance: bool = True
+    #: Stamp a visible label on every output (off by default: it changes the pixels).
+    label: bool = False
+    label_text: str = "AI-generated"
+    #: ``bottom-right``, ``bottom-left``, ``top-right`` or ``top-left``.
+    label_corner: str = "bottom-right"
+    #: Label text height as a fraction of the image's shorter side.
+    label_scale: float = 0.035
+    #: C2PA signing (needs c2pa-python): PEM certificate chain and private key files.
+    c2pa_cert: Path | None = None
+    c2pa_key: Path | None = None
+
+    # --- templates (see docs/api.md) ---------------------------------------------------
+    #: ``file`` (under ``templates_dir``, one replica) or ``redis`` (``redis_url``, shared).
+    templates_backend: Literal["file", "redis"] = "file"
+    #: Where the file backend keeps templates; default ``<home>/templates``.
+    templates_dir: Path | None = None
+    #: Most templates stored, and most bytes (images + analyses) over all of them.
+    templates_max_count: int = 200
+    templates_max_bytes: int = 512 * 1024 * 1024
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -141,6 +164,11 @@ class Settings:
     def model_dir(self) -> Path:
         """The resolved model directory."""
         return self.models_dir if self.models_dir is not None else self.home / "models"
+
+    @property
+    def template_dir(self) -> Path:
+        """The resolved directory of the file template store."""
+        return self.templates_dir if self.templates_dir is not None else self.home / "templates"
 
     @property
     def samples_dir(self) -> Path:
@@ -216,6 +244,12 @@ class Settings:
             (s.shutdown_grace_s >= 0 and s.reload_poll_s >= 0, "grace and poll must be >= 0"),
             (s.retry_after_s >= 1, "retry_after_s must be >= 1"),
             (s.debug_batch_delay_ms >= 0, "debug_batch_delay_ms must be >= 0"),
+            (0.005 <= s.label_scale <= 0.25, "label_scale must be in 0.005..0.25"),
+            (0 < len(s.label_text) <= 64, "label_text must be 1..64 characters"),
+            (s.templates_backend in ("file", "redis"),
+             f"templates_backend must be file|redis, not {s.templates_backend!r}"),
+            (s.templates_max_count >= 1 and s.templates_max_bytes >= 1,
+             "templates_max_count and templates_max_bytes must be >= 1"),
             (not s.redis_url or s.redis_url.startswith(("redis://", "rediss://", "unix://")),
              "redis_url must start with redis://, rediss:// or unix://"),
         ]
@@ -233,7 +267,8 @@ PROVIDER_NAMES: Final[Mapping[str, str]] = {
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 #: String fields that are keywords, so case does not matter.
-_ENUM_FIELDS = frozenset({"precision", "detector", "log_level", "io_binding", "pixel_backend"})
+_ENUM_FIELDS = frozenset({"precision", "detector", "log_level", "io_binding", "pixel_backend",
+                          "templates_backend", "label_corner"})
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

@@ -209,3 +209,33 @@ class UnsupportedMediaTypeError(FacefuseError):
     code = "unsupported_media_type"
     http_status = 415
     exit_code = 2
+
+
+# --- face mapping and templates --------------------------------------------------------
+
+
+class MappingError(InvalidArgumentError):
+    """A face mapping names a face that is not there, or a target twice.
+
+    Refined codes: ``mapping_too_many``, ``mapping_invalid``,
+    ``mapping_source_out_of_range``, ``mapping_target_out_of_range``,
+    ``mapping_rect_no_face``, ``mapping_duplicate_target``.
+    """
+
+    code = "invalid_mapping"
+
+
+class TemplateNotFoundError(FacefuseError):
+    """No template has that id."""
+
+    code = "template_not_found"
+    http_status = 404
+    exit_code = 2
+
+
+class TemplateStoreFullError(FacefuseError):
+    """The template store is at its bound (count or bytes); delete one first."""
+
+    code = "template_store_full"
+    http_status = 507
+    exit_code = 7

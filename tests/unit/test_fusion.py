@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,19 +117,8 @@ def test_seams_are_no_stronger_than_the_targets_own(runs: list[PairRun]) -> None
             assert r.results[d].quality["seam_ratio"] <= 1.25, (r.source, r.target, d)
 
 
-def _group(images: dict[str, np.ndarray], names: list[str], height: int = 700) -> np.ndarray:
-    import cv2
-
-    tiles = []
-    for n in names:
-        img = images[n]
-        w = round(img.shape[1] * height / img.shape[0])
-        tiles.append(cv2.resize(img, (w, height), interpolation=cv2.INTER_AREA))
-    return np.ascontiguousarray(np.concatenate(tiles, axis=1))
-
-
-def test_many_mode_changes_every_face_and_nothing_else(fuser: FaceFuser, sample_images: dict[str, np.ndarray]) -> None:
-    group = _group(sample_images, ["biden", "obama2", "obama3"])
+def test_many_mode_changes_every_face_and_nothing_else(fuser: FaceFuser, sample_images: dict[str, np.ndarray], make_group: Callable[..., np.ndarray]) -> None:
+    group = make_group(["biden", "obama2", "obama3"])
     result = fuser.fuse(sample_images["astronaut"], group, FuseOptions(mode="many"))
     assert len(result.fused) == 3
     changed = np.any(result.image != group, axis=2)
@@ -141,8 +131,8 @@ def test_many_mode_changes_every_face_and_nothing_else(fuser: FaceFuser, sample_
     assert not changed[~inside].any()
 
 
-def test_reference_mode_picks_the_matching_face(fuser: FaceFuser, sample_images: dict[str, np.ndarray]) -> None:
-    group = _group(sample_images, ["biden", "obama2"])
+def test_reference_mode_picks_the_matching_face(fuser: FaceFuser, sample_images: dict[str, np.ndarray], make_group: Callable[..., np.ndarray]) -> None:
+    group = make_group(["biden", "obama2"])
     result = fuser.fuse(sample_images["astronaut"], group, FuseOptions(mode="reference"),
                         reference=sample_images["obama"])
     assert len(result.fused) == 1

@@ -21,6 +21,7 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.encode import encode_image
+from facefuse.imaging.output import OutputPolicy
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.pipeline import Pipeline, RequestContext
 
@@ -63,7 +64,8 @@ async def test_fuse_gives_the_library_bytes_and_similarity(
 ) -> None:
     src, tgt = photo(sample_paths, source), photo(sample_paths, target)
     library = fuser.fuse(src, tgt, dataclasses.replace(options, evaluate=True))
-    expected = encode_image(library.image, fmt, 90)
+    # the library's bytes as the CLI writes them: with the provenance XMP
+    expected = OutputPolicy.from_settings(settings).encode(library.image, fmt, 90)
     async with running(settings.replace(batching=batching), registry) as pipeline:
         outcome = await pipeline.fuse(src, tgt, options, RequestContext(), fmt=fmt, quality=90)
     assert outcome.body == expected

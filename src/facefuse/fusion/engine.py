@@ -18,6 +18,7 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.types import Face
+from facefuse.fusion.mapping import FacePair, MappedFace, parse_mapping, resolve
 from facefuse.fusion.quality import compare_faces, seam_scores
 from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.swappers.base import FaceLayer, Swapper
@@ -81,6 +82,7 @@ class FaceFuser:
         options: FuseOptions | None = None,
         *,
         reference: ImageInput | None = None,
+        mapping: Sequence[FacePair | dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> FusionResult:
         """Fuse the source identity into ``target``.
@@ -92,8 +94,12 @@ class FaceFuser:
             options: a :class:`FuseOptions`, or pass its fields as keywords
                 (``degree=60``, ``mode="many"``, ...).
             reference: for ``mode="reference"``, an image of the person to replace.
+            mapping: which source face replaces which target face (see
+                :mod:`facefuse.fusion.mapping`); overrides ``mode``. Sources are then
+                images of different people, indexed in the order given.
         """
         options = options or FuseOptions(**kwargs)
+        pairs = parse_mapping(mapping) if mapping is not None else None
         timer = StageTimer()
         sources: list[ImageInput] = (
             list(source) if isinstance(source, list | tuple) else [source]  # type: ignore[list-item]
@@ -105,13 +111,20 @@ class FaceFuser:
         tgt_rgb = self.analyser.decode(target)
         t = timer.add("decode", t)
         needs = IdentityNeeds.of(options)
+        if pairs is not None:
+            needs = IdentityNeeds(source=needs.source, target=options.evaluate)
         src_faces = [self.analyser.analyse(rgb, embed=needs.source) for rgb in src_decoded]
         t = timer.add("analyse_source", t)
         tgt_faces = self.analyser.analyse(tgt_rgb, embed=needs.target)
         ref_faces = None
-        if reference is not None and options.mode == "reference":
+        if reference is not None and options.mode == "reference" and pairs is None:
             ref_faces = self.analyser.analyse(reference)
         t = timer.add("analyse_target", t)
+        if pairs is not None:
+            mapped = resolve(pairs, src_faces, tgt_faces)
+            result = self.fuse_mapped(src_decoded, mapped, tgt_rgb, tgt_faces, options)
+            result.timings_ms = {**timer.ms, **result.timings_ms}
+            return result
         chosen = select(src_faces, tgt_faces, options, ref_faces)
         src_rgb = src_decoded[chosen.source_index]
         result = self.fuse_faces(src_rgb, chosen.source_face, tgt_rgb, tgt_faces,
@@ -130,6 +143,19 @@ class FaceFuser:
         options: FuseOptions,
     ) -> FusionResult:
         """The fusion stage on already-analysed faces (what ``bench/fuse.py`` times)."""
+        return self.fuse_mapped([source_rgb], [MappedFace(0, source_face, i) for i in chosen],
+                                target_rgb, target_faces, options)
+
+    def fuse_mapped(
+        self,
+        sources_rgb: Sequence[np.ndarray],
+        pairs: Sequence[MappedFace],
+        target_rgb: np.ndarray,
+        target_faces: list[Face],
+        options: FuseOptions,
+    ) -> FusionResult:
+        """Fuse each pair's source face (from ``sources_rgb[pair.source_index]``) into
+        its target face, one after another on the same output image."""
         try:
             swapper = self.swappers[options.swapper]
         except KeyError:
@@ -140,22 +166,26 @@ class FaceFuser:
         t = time.perf_counter()
         out = target_rgb.copy()
         fused: list[FusedFace] = []
+        first = pairs[0].source_face
         if options.degree == 0 and options.shape in (None, 0) and options.texture in (None, 0):
             # Exactly the target: nothing to render.
-            return FusionResult(out, source_face,
-                                [FusedFace(i, target_faces[i], (0, 0, 0, 0),
-                                           np.zeros((0, 0), np.float32)) for i in chosen],
+            return FusionResult(out, first,
+                                [FusedFace(p.target_index, target_faces[p.target_index],
+                                           (0, 0, 0, 0), np.zeros((0, 0), np.float32),
+                                           source_index=p.source_index) for p in pairs],
                                 {"fuse": 0.0}, ["degree 0: target returned unchanged"])
-        for i in chosen:
-            layer = swapper.render(source_rgb, source_face, out, target_faces[i], options)
+        for p in pairs:
+            tf = target_faces[p.target_index]
+            layer = swapper.render(sources_rgb[p.source_index], p.source_face, out, tf, options)
             blend_layer(out, layer, options.blend, self.pixels)
-            fused.append(FusedFace(i, target_faces[i], layer.region, layer.mask))
+            fused.append(FusedFace(p.target_index, tf, layer.region, layer.mask,
+                                   source_index=p.source_index))
         t = timer.add("fuse", t)
         if options.evaluate:
-            for ff in fused:
-                ff.quality = self.evaluate(out, target_rgb, source_face, ff)
+            for p, ff in zip(pairs, fused, strict=True):
+                ff.quality = self.evaluate(out, target_rgb, p.source_face, ff)
             timer.add("evaluate", t)
-        return FusionResult(out, source_face, fused, timer.ms, [])
+        return FusionResult(out, first, fused, timer.ms, [])
 
     def evaluate(self, output: np.ndarray, target: np.ndarray, source_face: Face,
                  fused: FusedFace) -> dict[str, float]:

@@ -83,6 +83,8 @@ class FusedFace:
     region: tuple[int, int, int, int]
     mask: np.ndarray  # (h, w) float32 blend mask over region
     quality: dict[str, float] = field(default_factory=dict)
+    #: Which source image the fused identity came from (face mapping).
+    source_index: int = 0
 
 
 @dataclass
@@ -105,7 +107,8 @@ class FusionResult:
         return {
             "source_face": self.source_face.to_dict(),
             "fused_faces": [
-                {"target_index": f.target_index, "target_face": f.target_face.to_dict(),
+                {"target_index": f.target_index, "source_index": f.source_index,
+                 "target_face": f.target_face.to_dict(),
                  "region": list(f.region),
                  "quality": {k: round(float(v), 4) for k, v in f.quality.items()}}
                 for f in self.fused

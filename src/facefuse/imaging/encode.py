@@ -1,9 +1,11 @@
-"""Encode RGB arrays to JPEG, PNG or WebP bytes, without metadata.
+"""Encode RGB arrays to JPEG, PNG or WebP bytes, without the input's metadata.
 
-Nothing about the input travels in the output: no EXIF, no ICC profile, no XMP,
-no PNG text chunks — the array is re-wrapped by :func:`PIL.Image.fromarray`,
-which starts with empty ``info``, and no metadata arguments are passed.
-JPEG keeps only its JFIF APP0 header; WebP is written in the simple (non-VP8X)
+Nothing about the input travels in the output: no EXIF, no ICC profile, no
+input XMP, no PNG text chunks — the array is re-wrapped by
+:func:`PIL.Image.fromarray`, which starts with empty ``info``. The only metadata
+written is our own provenance XMP when a :class:`~facefuse.imaging.provenance.Provenance`
+is passed (see that module for where each format carries it). Without it, JPEG
+keeps only its JFIF APP0 header and WebP is written in the simple (non-VP8X)
 container.
 """
 
@@ -15,9 +17,10 @@ from typing import Final, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from facefuse.errors import InvalidArgumentError
+from facefuse.imaging.provenance import XMP_PNG_KEY, Provenance, jpeg_with_xmp
 
 EncodeFormat = Literal["jpeg", "png", "webp"]
 
@@ -75,6 +78,7 @@ def encode_image(
     rgb: npt.NDArray[np.uint8],
     fmt: EncodeFormat | str = "jpeg",
     quality: int = 92,
+    provenance: Provenance | None = None,
 ) -> bytes:
     """Encode an RGB image.
 
@@ -83,9 +87,11 @@ def encode_image(
         fmt: ``"jpeg"`` (alias ``"jpg"``), ``"png"`` or ``"webp"``.
         quality: 1..100. JPEG and WebP lossy quality (libjpeg / libwebp scale);
             validated but unused for PNG, which is lossless.
+        provenance: the XMP provenance statement to embed (fused outputs); None
+            writes no metadata at all.
 
     Returns:
-        The encoded file, without metadata.
+        The encoded file.
 
     Raises:
         InvalidArgumentError: bad format, quality, dtype or shape.
@@ -101,11 +107,19 @@ def encode_image(
     if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.shape[0] == 0 or rgb.shape[1] == 0:
         raise InvalidArgumentError(f"encode_image needs an (H, W, 3) RGB array, not {rgb.shape}")
     im = Image.fromarray(np.ascontiguousarray(rgb))
+    xmp = provenance.xmp() if provenance is not None else None
     buf = io.BytesIO()
     if name == "jpeg":
         im.save(buf, format="JPEG", quality=int(quality), optimize=False)
-    elif name == "png":
-        im.save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+        return jpeg_with_xmp(buf.getvalue(), xmp) if xmp else buf.getvalue()
+    if name == "png":
+        info = None
+        if xmp:
+            info = PngImagePlugin.PngInfo()
+            info.add_itxt(XMP_PNG_KEY, xmp.decode(), zip=False)
+        im.save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL, pnginfo=info)
+    elif xmp:
+        im.save(buf, format="WEBP", quality=int(quality), method=WEBP_METHOD, xmp=xmp)
     else:
         im.save(buf, format="WEBP", quality=int(quality), method=WEBP_METHOD)
     return buf.getvalue()

@@ -34,9 +34,12 @@ from facefuse.serving.http_errors import install_error_handlers
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.middleware import RequestContextMiddleware
 from facefuse.serving.pipeline import Pipeline
+from facefuse.serving.playground import install_playground
 from facefuse.serving.routes import router
+from facefuse.serving.routes_templates import router as product_router
 from facefuse.serving.security import ApiKeys, BodyLimitMiddleware
 from facefuse.serving.state import Services
+from facefuse.serving.templates import TemplateStore, build_template_store
 from facefuse.serving.watcher import watch_models
 
 __all__ = ["build_l2", "create_app"]
@@ -113,6 +116,8 @@ def _lifespan(
             drained = await pipeline.drain(settings.shutdown_grace_s)
             pipeline.close()
             await svc.l2.close()
+            if svc.templates is not None:
+                await svc.templates.close()
             log.info("facefuse stopped", extra={"fields": {"drained": drained}})
 
     return lifespan
@@ -128,6 +133,7 @@ def create_app(
     registry: ModelRegistry | None = None,
     l2: ResultCache | None = None,
     metrics: Metrics | None = None,
+    templates: TemplateStore | None = None,
 ) -> FastAPI:
     """The facefuse HTTP app.
 
@@ -138,17 +144,21 @@ def create_app(
         registry: a model registry to share (default: a new one over settings).
         l2: the result cache (default: :func:`build_l2`).
         metrics: the metrics (default: a new private registry).
+        templates: the template store (default: :func:`build_template_store`).
 
     Models are loaded when the app starts (its lifespan), not here.
     """
     keys = api_keys if api_keys is not None else ApiKeys.from_settings(settings)
     svc = Services(settings=settings, l2=l2 if l2 is not None else build_l2(settings),
-                   metrics=metrics or Metrics(), keys=keys)
+                   metrics=metrics or Metrics(), keys=keys,
+                   templates=templates or build_template_store(settings))
     svc.metrics.register_cache("l2", svc.l2)
     app = FastAPI(title="facefuse", version=__version__, description=DESCRIPTION,
                   lifespan=_lifespan(registry))
     app.state.services = svc
     app.include_router(router)
+    app.include_router(product_router)
+    install_playground(app)
     install_error_handlers(app)
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -42,16 +42,19 @@ from typing import Any, TypeVar
 import numpy as np
 
 from facefuse.config import Settings
+from facefuse.errors import InvalidArgumentError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.stages import Done, FaceModels, ModelCall, Stage
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.mapping import FacePair, MappedFace, resolve
 from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
-from facefuse.imaging.encode import content_type, encode_image
+from facefuse.imaging.encode import content_type
+from facefuse.imaging.output import OutputPolicy
 from facefuse.runtime.batch_policy import batch_policy, warm_batch_sizes
 from facefuse.runtime.providers import device_of
 from facefuse.runtime.registry import ModelRegistry
@@ -182,6 +185,7 @@ class Pipeline:
         self.registry = registry
         self.metrics = metrics
         self.limits = DecodeLimits.from_settings(settings)
+        self.output = OutputPolicy.from_settings(settings)
         self.fuser = FaceFuser(settings, FaceAnalyser(settings, registry))
         self.model_names: tuple[str, ...] = self.models.names
         self._unbatched = stages.registry_runner(registry)
@@ -432,7 +436,7 @@ class Pipeline:
 
     async def fuse(
         self,
-        source: bytes,
+        source: bytes | Sequence[bytes],
         target: bytes,
         options: FuseOptions,
         ctx: RequestContext,
@@ -441,31 +445,52 @@ class Pipeline:
         quality: int = 92,
         reference: bytes | None = None,
         similarity: bool = True,
+        mapping: Sequence[FacePair] | None = None,
+        target_analysis: Analysis | None = None,
     ) -> FuseOutcome:
         """Decode, analyse (L1), select, fuse, score and encode one request.
 
-        ``options.evaluate`` is ignored: the only figure a response carries is the
-        similarity (when ``similarity``).
+        ``source``: one image, or several (face mapping: one per person). With
+        ``target_analysis`` (a stored template's faces) the target is decoded but not
+        analysed. ``options.evaluate`` is ignored: the only figure a response
+        carries is the similarity (when ``similarity``).
         """
         plain = dataclasses.replace(options, evaluate=False)
         needs = IdentityNeeds.of(plain, similarity=similarity)
-        blobs = [source, target]
-        if reference is not None and plain.mode == "reference":
-            blobs.append(reference)
-        with_reference = len(blobs) == 3
-        decoded = await gather_all(self.decode(b, ctx) for b in blobs)
-        (src_rgb, src_digest), (tgt_rgb, tgt_digest) = decoded[0], decoded[1]
-        jobs = [self.analyse(src_rgb, src_digest, ctx, embed=needs.source),
-                self.analyse(tgt_rgb, tgt_digest, ctx, embed=needs.target)]
+        sources = [source] if isinstance(source, bytes) else list(source)
+        blobs = [*sources, target]
+        with_reference = reference is not None and plain.mode == "reference" and not mapping
         if with_reference:
-            jobs.append(self.analyse(decoded[2][0], decoded[2][1], ctx, embed=True))
+            assert reference is not None
+            blobs.append(reference)
+        decoded = await gather_all(self.decode(b, ctx) for b in blobs)
+        n = len(sources)
+        jobs = [self.analyse(rgb, digest, ctx, embed=needs.source) for rgb, digest in decoded[:n]]
+        if target_analysis is None:
+            jobs.append(self.analyse(decoded[n][0], decoded[n][1], ctx,
+                                     embed=needs.target and not mapping))
+        if with_reference:
+            jobs.append(self.analyse(decoded[n + 1][0], decoded[n + 1][1], ctx, embed=True))
         analyses = await gather_all(jobs)
-        ref_faces = list(analyses[2].faces) if with_reference else None
-        tgt_faces = list(analyses[1].faces)
-        chosen = select([list(analyses[0].faces)], tgt_faces, plain, ref_faces)
+        tgt = target_analysis if target_analysis is not None else analyses[n]
+        ref_faces = list(analyses[-1].faces) if with_reference else None
+        src_faces = [list(a.faces) for a in analyses[:n]]
+        tgt_rgb, tgt_faces = decoded[n][0], list(tgt.faces)
+        if tgt_rgb.shape[:2] != (tgt.height, tgt.width):
+            raise InvalidArgumentError("the stored analysis does not fit the target image",
+                                       code="template_mismatch")
+        if mapping:
+            pairs = resolve(mapping, src_faces, tgt_faces)
+            notes: tuple[str, ...] = ()
+        else:
+            chosen = select(src_faces, tgt_faces, plain, ref_faces)
+            pairs = [MappedFace(chosen.source_index, chosen.source_face, i)
+                     for i in chosen.targets]
+            notes = chosen.notes
         t = time.perf_counter()
-        result = await self.in_cpu_pool(self.fuser.fuse_faces, src_rgb, chosen.source_face, tgt_rgb,
-                                tgt_faces, list(chosen.targets), plain)
+        sources_rgb = [rgb for rgb, _ in decoded[:n]]
+        result = await self.in_cpu_pool(self.fuser.fuse_mapped, sources_rgb, pairs,
+                                        tgt_rgb, tgt_faces, plain)
         ctx.timer.add("fuse", t)
         sim: float | None = None
         first = result.fused[0] if result.fused else None
@@ -473,10 +498,10 @@ class Pipeline:
             t = time.perf_counter()
             out_face = await self.run(
                 stages.reanalyse(self.models, result.image, first.target_face), ctx)
-            sim = identity_similarity(out_face, chosen.source_face)
+            sim = identity_similarity(out_face, pairs[0].source_face)
             ctx.timer.add("evaluate", t)
         t = time.perf_counter()
-        body = await self.in_cpu_pool(encode_image, result.image, fmt, quality)
+        body = await self.in_cpu_pool(self.output.encode, result.image, fmt, quality)
         ctx.timer.add("encode", t)
         return FuseOutcome(body, content_type(fmt), sim, len(result.fused),
-                           tuple(chosen.notes) + tuple(result.notes))
+                           tuple(notes) + tuple(result.notes))

@@ -19,12 +19,12 @@ from fastapi import APIRouter, Depends, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from facefuse.errors import DeadlineExceededError, InvalidArgumentError, NoFaceError
+from facefuse.errors import DeadlineExceededError, NoFaceError
 from facefuse.faces.recognizer import cosine_similarity, distance
 from facefuse.faces.types import Face
-from facefuse.fusion.types import FuseOptions
 from facefuse.serving.cache.keys import result_key, sha256_hex
 from facefuse.serving.cache.results import CachedResult
+from facefuse.serving.fuse_request import SOURCE_FIELDS, read_fuse_request
 from facefuse.serving.inputs import read_request, validate_params
 from facefuse.serving.metrics import STAGES
 from facefuse.serving.pipeline import FuseOutcome, RequestContext, gather_all
@@ -152,9 +152,12 @@ def _image_response(
     summary="Fuse the source face into the target image",
     response_class=Response,
     responses={200: {"content": {"image/jpeg": {}, "image/png": {}, "image/webp": {}},
-                     "description": "The fused image (no metadata)."}},
+                     "description": "The fused image (no input metadata; provenance XMP "
+                     "and, when configured, a label and a C2PA manifest)."}},
     openapi_extra=image_request_body(
         {"source": "Image with the face to put in.", "target": "Image to change.",
+         **{n: f"Source image {i} (several photos of one person, or one person per "
+            "mapping index)." for i, n in enumerate(SOURCE_FIELDS[1:], 1)},
          "reference": "Image of the target person to replace (mode reference)."},
         FuseParams, ("source", "target")),
 )
@@ -165,22 +168,12 @@ async def fuse(request: Request) -> Response:
     svc = services(request)
     pipeline = svc.require_pipeline()
     t0 = time.perf_counter()
-    images, fields = await read_request(request, ("source", "target"), ("reference",))
-    params = validate_params(FuseParams, fields)
-    options = FuseOptions(degree=params.degree, shape=params.shape, texture=params.texture,
-                          mode=params.mode, target_face_index=params.target_face_index,
-                          blend=params.blend, relight=params.relight,
-                          reject_source_occluders=params.reject_source_occluders,
-                          keep_target_occluders=params.keep_target_occluders)
-    reference = images.get("reference")
-    if params.mode == "reference" and reference is None:
-        raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
-                                   code="reference_required")
+    req = await read_fuse_request(request)
+    target = req.target
+    assert target is not None
     ctx = svc.context(request, "/v1/fuse")
-    key_options = params.model_dump()
-    key_options["reference"] = sha256_hex(reference) if reference is not None else None
-    key = result_key(sha256_hex(images["source"]), sha256_hex(images["target"]), key_options,
-                     pipeline.model_versions)
+    key = result_key(sha256_hex(req.sources[0]), sha256_hex(target),
+                     req.key_options(pipeline.output.describe()), pipeline.model_versions)
     t = time.perf_counter()
     cached = await svc.l2.get(key)
     lookup_ms = (time.perf_counter() - t) * 1000.0
@@ -191,9 +184,10 @@ async def fuse(request: Request) -> Response:
 
     async def compute() -> FuseOutcome:
         async with pipeline.admit():
-            result = await pipeline.fuse(images["source"], images["target"], options, ctx,
-                                         fmt=params.format, quality=params.quality,
-                                         reference=reference, similarity=params.similarity)
+            result = await pipeline.fuse(req.sources, target, req.options, ctx,
+                                         fmt=req.params.format, quality=req.params.quality,
+                                         reference=req.reference, mapping=req.mapping,
+                                         similarity=req.params.similarity)
         # Stored before the flight ends, so a later identical request always hits.
         await svc.l2.put(key, _pack(result))
         return result

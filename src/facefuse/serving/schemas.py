@@ -8,6 +8,7 @@ The response models only document the API (OpenAPI); handlers build plain dicts.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -52,6 +53,21 @@ class FuseParams(_Params):
     quality: int = Field(92, ge=1, le=100, description="JPEG / WebP quality.")
     similarity: bool = Field(True, description="Re-analyse the output and report the identity "
                              "similarity to the source (X-Facefuse-Identity-Similarity).")
+    mapping: list[dict[str, Any]] | None = Field(
+        None, description="Face mapping (overrides mode): a JSON list of up to 6 "
+        '`{"source": image index (0 = `source`, n = `source_n`), "source_face": face index '
+        '(default 0 = largest), "target": face index or [x0, y0, x1, y1] pixels}`; target '
+        "faces not named are left alone. In multipart, a JSON string.")
+
+    @field_validator("mapping", mode="before")
+    @classmethod
+    def _mapping_json(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return json.loads(v)
+            except ValueError:
+                raise ValueError("mapping must be JSON") from None
+        return v
 
     @field_validator("format", mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from facefuse.serving.cache.results import ResultCache
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.pipeline import Pipeline, RequestContext
 from facefuse.serving.security import ApiKeys
+from facefuse.serving.templates import TemplateStore
 
 __all__ = ["ModelRow", "ReloadStatus", "Services", "services"]
 
@@ -71,6 +72,7 @@ class Services:
     metrics: Metrics
     keys: ApiKeys
     pipeline: Pipeline | None = None
+    templates: TemplateStore | None = None
     #: True once shutdown began: /readyz answers 503, new /v1 requests are refused.
     draining: bool = False
     last_reload: ReloadStatus = field(default_factory=ReloadStatus)
@@ -80,6 +82,11 @@ class Services:
         if self.pipeline is None:
             raise ModelError("models are still loading; retry shortly", code="not_ready")
         return self.pipeline
+
+    def require_templates(self) -> TemplateStore:
+        if self.templates is None:
+            raise ModelError("the template store is not configured", code="not_ready")
+        return self.templates
 
     def context(self, request: Request, route: str) -> RequestContext:
         """The per-request pipeline context: deadline and batching for ``route``."""

@@ -1,0 +1,259 @@
+"""Routes of the product surface: templates and capabilities.
+
+* ``POST /v1/templates`` (admin): register an image; it is analysed once and the
+  analysis stored with it. ``GET /v1/templates``, ``GET /v1/templates/{id}``,
+  ``DELETE /v1/templates/{id}`` (admin).
+* ``POST /v1/templates/{id}/fuse``: fuse the user's photo(s) into a template, with
+  the options of ``/v1/fuse``; the template's faces come from the store (no
+  detection or mesh on it: ``Server-Timing`` shows ``template`` instead).
+* ``GET /v1/capabilities``: what a client needs to validate before sending.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field, field_validator
+
+from facefuse.errors import NoFaceError
+from facefuse.fusion.mapping import MAX_MAPPINGS
+from facefuse.fusion.select import MAX_ABS_YAW_DEG, MIN_EYE_DISTANCE_PX
+from facefuse.imaging.decode import sniff_format
+from facefuse.imaging.encode import content_type
+from facefuse.serving.cache.keys import result_key, sha256_hex
+from facefuse.serving.fuse_request import SOURCE_FIELDS, read_fuse_request
+from facefuse.serving.inputs import read_request, validate_params
+from facefuse.serving.pipeline import Analysis, FuseOutcome
+from facefuse.serving.routes import (
+    _ERRORS,
+    _face_json,
+    _image_response,
+    _mark,
+    _pack,
+    observe_stages,
+    require_admin,
+    require_key,
+    within_deadline,
+)
+from facefuse.serving.schemas import FuseParams, _Params, image_request_body
+from facefuse.serving.state import services
+from facefuse.serving.templates import Template, template_id
+
+__all__ = ["router"]
+
+#: Longest template name, and most metadata entries / characters per value.
+MAX_NAME = 100
+MAX_METADATA = 16
+MAX_METADATA_VALUE = 256
+
+api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)], responses=_ERRORS,
+                tags=["templates"])
+admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)], responses=_ERRORS,
+                  tags=["templates"])
+
+
+class TemplateParams(_Params):
+    """Fields of ``POST /v1/templates`` besides the image."""
+
+    name: str = Field("", max_length=MAX_NAME, description="A label for people.")
+    metadata: dict[str, str] = Field(
+        default_factory=dict, description=f"Up to {MAX_METADATA} string pairs (values up to "
+        f"{MAX_METADATA_VALUE} characters); in multipart, a JSON object string.")
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _metadata_json(cls, v: Any) -> Any:
+        import json
+
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                raise ValueError("metadata must be a JSON object") from None
+        if isinstance(v, dict) and (len(v) > MAX_METADATA or any(
+                len(str(k)) > 64 or len(str(x)) > MAX_METADATA_VALUE for k, x in v.items())):
+            raise ValueError(f"metadata: at most {MAX_METADATA} pairs, keys up to 64 and "
+                             f"values up to {MAX_METADATA_VALUE} characters")
+        return v
+
+
+def _detail(t: Template) -> dict[str, Any]:
+    return {**t.summary(),
+            "faces": [{"index": i, **_face_json(f)} for i, f in enumerate(t.faces)]}
+
+
+@admin.post(
+    "/templates", summary="Register a template image (analysed once, stored with its faces)",
+    openapi_extra=image_request_body({"image": "The template photo."}, TemplateParams,
+                                     ("image",)),
+    status_code=201,
+)
+async def create_template(request: Request) -> JSONResponse:
+    """``201`` with the template (``id``, ``faces`` with ``index`` and ``bbox``); ``200``
+    when the same image was registered before (ids are content addresses). 422
+    ``no_face`` for an image without a face; 507 ``template_store_full`` at the bound."""
+    svc = services(request)
+    pipeline = svc.require_pipeline()
+    store = svc.require_templates()
+    images, fields = await read_request(request, ("image",))
+    params = validate_params(TemplateParams, fields)
+    data = images["image"]
+    ctx = svc.context(request, "/v1/templates")
+
+    async def analyse() -> Analysis:
+        async with pipeline.admit():
+            rgb, digest = await pipeline.decode(data, ctx)
+            return await pipeline.analyse(rgb, digest, ctx, embed=True)
+
+    analysis = await within_deadline(ctx, analyse())
+    observe_stages(svc, ctx)
+    if not analysis.faces:
+        raise NoFaceError("no face found in the template image", code="template_no_face")
+    template = Template(template_id(data), params.name, data, analysis.faces, analysis.width,
+                        analysis.height, dict(pipeline.model_versions), dict(params.metadata))
+    created = await store.put(template)
+    if not created:
+        template = await store.get(template.id)
+    _mark(request, template=template.id, created=created)
+    return JSONResponse(_detail(template), status_code=201 if created else 200)
+
+
+@api.get("/templates", summary="List the templates (newest first)")
+async def list_templates(request: Request) -> dict[str, Any]:
+    store = services(request).require_templates()
+    items = await store.list()
+    return {"templates": items, "count": len(items), "max_count": store.max_count,
+            "bytes": sum(int(i["bytes"]) for i in items), "max_bytes": store.max_bytes}
+
+
+@api.get("/templates/{template}", summary="One template: its faces with boxes and indices")
+async def get_template(request: Request, template: str) -> dict[str, Any]:
+    return _detail(await services(request).require_templates().get(template))
+
+
+@api.get("/templates/{template}/image", summary="The template's image, as uploaded",
+         response_class=Response,
+         responses={200: {"content": {"image/jpeg": {}, "image/png": {}, "image/webp": {}}}})
+async def template_image(request: Request, template: str) -> Response:
+    stored = await services(request).require_templates().get(template)
+    return Response(stored.image, media_type=content_type(sniff_format(stored.image)),
+                    headers={"Cache-Control": "private, max-age=3600"})
+
+
+@admin.delete("/templates/{template}", summary="Delete a template", status_code=204,
+              response_class=Response)
+async def delete_template(request: Request, template: str) -> Response:
+    await services(request).require_templates().delete(template)
+    return Response(status_code=204)
+
+
+@api.post(
+    "/templates/{template}/fuse",
+    summary="Fuse the user's face(s) into a stored template",
+    response_class=Response,
+    responses={200: {"content": {"image/jpeg": {}, "image/png": {}, "image/webp": {}},
+                     "description": "The fused image (see /v1/fuse)."}},
+    openapi_extra=image_request_body(
+        {"source": "Image with the face to put in.",
+         **{n: f"Source image {i} (for a mapping)." for i, n in enumerate(SOURCE_FIELDS[1:], 1)},
+         "reference": "Image of the template person to replace (mode reference)."},
+        FuseParams, ("source",)),
+)
+async def fuse_template(request: Request, template: str) -> Response:
+    """Like ``/v1/fuse`` with the template as the target: the template's analysis is
+    read from the store, not recomputed (``Server-Timing``: ``template`` = store read;
+    ``detect`` / ``mesh`` cover the source images only). After a model reload the
+    template is analysed again with the new models."""
+    svc = services(request)
+    pipeline = svc.require_pipeline()
+    store = svc.require_templates()
+    t0 = time.perf_counter()
+    req = await read_fuse_request(request, target=False)
+    ctx = svc.context(request, "/v1/templates/fuse")
+    t = time.perf_counter()
+    stored = await store.get(template)
+    ctx.timer.add("template", t)
+    # Its own key (not the plain fuse's): a template fuse is computed from the stored faces.
+    key = result_key(sha256_hex(req.sources[0]), sha256_hex(stored.image),
+                     {**req.key_options(pipeline.output.describe()), "template": stored.id},
+                     pipeline.model_versions)
+    t = time.perf_counter()
+    cached = await svc.l2.get(key)
+    lookup_ms = (time.perf_counter() - t) * 1000.0
+    if cached is not None:
+        _mark(request, cache="hit", template=stored.id)
+        return _image_response(cached, "hit", ctx, {
+            "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
+    # Faces analysed by other model versions (a reload since) are not reused.
+    fresh = stored.model_versions == pipeline.model_versions
+    analysis = Analysis(stored.faces, True, stored.width, stored.height) if fresh else None
+
+    async def compute() -> FuseOutcome:
+        async with pipeline.admit():
+            result = await pipeline.fuse(req.sources, stored.image, req.options, ctx,
+                                         fmt=req.params.format, quality=req.params.quality,
+                                         reference=req.reference, mapping=req.mapping,
+                                         similarity=req.params.similarity,
+                                         target_analysis=analysis)
+        await svc.l2.put(key, _pack(result))
+        return result
+
+    outcome, shared = await within_deadline(ctx, svc.coalesce(key, compute))
+    if not shared:
+        observe_stages(svc, ctx)
+    cache = "hit" if shared else "miss"
+    _mark(request, cache=cache, l1=",".join(ctx.l1), template=stored.id,
+          template_analysis="stored" if fresh else "recomputed",
+          faces_fused=outcome.faces_fused)
+    return _image_response(_pack(outcome), cache, ctx, {
+        "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
+
+
+@api.get("/capabilities", summary="Models, options and ranges, limits, mapping, provenance")
+async def capabilities(request: Request) -> dict[str, Any]:
+    """Everything a client may check before sending: which models run at which
+    precision, every fusion option with its range and default, the image and
+    body limits, the smallest usable face, the mapping maximum, and how outputs
+    are marked (XMP, label, C2PA)."""
+    svc = services(request)
+    s = svc.settings
+    options: dict[str, Any] = {}
+    for name, prop in FuseParams.model_json_schema()["properties"].items():
+        if name == "mapping":
+            continue
+        entry = {k: prop[k] for k in ("type", "minimum", "maximum", "enum", "default")
+                 if k in prop}
+        if "anyOf" in prop:  # optional numbers: keep the numeric branch's range
+            num: dict[str, Any] = next(
+                (b for b in prop["anyOf"] if b.get("type") != "null"), {})
+            entry.update({k: num[k] for k in ("type", "minimum", "maximum") if k in num})
+        options[name] = entry
+    output = (svc.pipeline.output.describe() if svc.pipeline is not None else None)
+    store = svc.templates
+    return {
+        "models": [{"name": r.name, "task": r.task, "precision": r.precision,
+                    "provider": r.provider, "version": r.version} for r in svc.model_rows()],
+        "precision": s.precision,
+        "options": options,
+        "formats": ["jpeg", "png", "webp"],
+        "limits": {"max_body_bytes": s.max_body_bytes, "max_image_bytes": s.max_bytes,
+                   "max_pixels": s.max_pixels, "min_side": s.min_side,
+                   "min_face_eye_distance_px": MIN_EYE_DISTANCE_PX,
+                   "max_abs_yaw_deg": MAX_ABS_YAW_DEG,
+                   "request_timeout_s": s.request_timeout_s},
+        "mapping": {"max_entries": MAX_MAPPINGS, "source_fields": list(SOURCE_FIELDS),
+                    "target": "face index (largest first) or [x0, y0, x1, y1] pixels"},
+        "provenance": output,
+        "templates": {"backend": store.kind if store else None,
+                      "max_count": store.max_count if store else 0,
+                      "max_bytes": store.max_bytes if store else 0},
+        "auth": {"api_keys": svc.keys.enabled},
+    }
+
+
+router = APIRouter()
+router.include_router(api)
+router.include_router(admin)

@@ -1,0 +1,223 @@
+// facefuse playground: plain JavaScript over the HTTP API, no build step, no CDN.
+// The API key lives only in this page's memory and goes out as a Bearer header.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { source: null, target: null, template: "", faces: [], face: 0, caps: null,
+                touched: { shape: false, texture: false }, resultUrl: null };
+
+function authHeaders() {
+  const key = $("key").value.trim();
+  return key ? { Authorization: "Bearer " + key } : {};
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: { ...authHeaders() } });
+  if (!response.ok) {
+    let message = "HTTP " + response.status;
+    try {
+      const body = await response.json();
+      message = body.error.code + ": " + body.error.message;
+    } catch (_) { /* not JSON */ }
+    throw new Error(message);
+  }
+  return response;
+}
+
+function say(text, isError = false) {
+  $("status").textContent = text;
+  $("status").className = isError ? "error" : "";
+}
+
+function ready() {
+  $("fuse").disabled = !(state.source && (state.target || state.template) && state.faces.length);
+}
+
+async function loadCapabilities() {
+  try {
+    state.caps = await (await api("/v1/capabilities")).json();
+    const list = await (await api("/v1/templates")).json();
+    const select = $("template");
+    select.length = 1;
+    for (const t of list.templates) {
+      const option = document.createElement("option");
+      option.value = t.id;
+      option.textContent = (t.name || t.id.slice(0, 8)) + " (" + t.faces + " face" +
+        (t.faces === 1 ? "" : "s") + ")";
+      select.append(option);
+    }
+  } catch (err) {
+    say("Server: " + err.message + (String(err.message).startsWith("unauthorized") ?
+      " — enter an API key above." : ""), true);
+  }
+}
+
+function showFaces(faces, width, height) {
+  state.faces = faces;
+  state.face = 0;
+  const box = $("faces");
+  box.replaceChildren();
+  faces.forEach((face, i) => {
+    const [x0, y0, x1, y1] = face.bbox;
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "face";
+    button.id = "face-" + i;
+    button.style.left = (100 * x0 / width) + "%";
+    button.style.top = (100 * y0 / height) + "%";
+    button.style.width = (100 * (x1 - x0) / width) + "%";
+    button.style.height = (100 * (y1 - y0) / height) + "%";
+    button.setAttribute("aria-pressed", String(i === 0));
+    button.setAttribute("aria-label", "Replace face " + (i + 1) + (i === 0 ? " (largest)" : ""));
+    const tag = document.createElement("span");
+    tag.textContent = String(i + 1);
+    button.append(tag);
+    button.addEventListener("click", () => chooseFace(i));
+    box.append(button);
+  });
+  $("face-note").textContent = faces.length ?
+    faces.length + " face(s) found; face " + (state.face + 1) + " will be replaced." :
+    "No face found in the target.";
+  ready();
+}
+
+function chooseFace(i) {
+  state.face = i;
+  document.querySelectorAll(".face").forEach((b, j) =>
+    b.setAttribute("aria-pressed", String(i === j)));
+  $("face-note").textContent = state.faces.length + " face(s) found; face " + (i + 1) +
+    " will be replaced.";
+}
+
+async function setTarget(file) {
+  state.target = file;
+  state.template = "";
+  $("template").value = "";
+  $("target-preview").src = URL.createObjectURL(file);
+  $("stage").hidden = false;
+  say("Finding faces…");
+  try {
+    const form = new FormData();
+    form.append("image", file);
+    const body = await (await api("/v1/faces", { method: "POST", body: form })).json();
+    showFaces(body.faces, body.width, body.height);
+    say(body.faces.length ? "Choose a face, set the sliders, then Fuse." : "No face in the target.");
+  } catch (err) {
+    showFaces([], 1, 1);
+    say(err.message, true);
+  }
+}
+
+async function setTemplate(id) {
+  state.template = id;
+  state.target = null;
+  if (!id) { $("stage").hidden = true; showFaces([], 1, 1); return; }
+  try {
+    const t = await (await api("/v1/templates/" + id)).json();
+    const image = await (await api("/v1/templates/" + id + "/image")).blob();
+    $("target-preview").src = URL.createObjectURL(image);
+    $("stage").hidden = false;
+    showFaces(t.faces, t.width, t.height);
+  } catch (err) {
+    say(err.message, true);
+  }
+}
+
+function setSource(file) {
+  state.source = file;
+  $("source-preview").src = URL.createObjectURL(file);
+  $("source-preview").hidden = false;
+  ready();
+}
+
+function fact(list, name, value) {
+  const dt = document.createElement("dt");
+  dt.textContent = name;
+  const dd = document.createElement("dd");
+  dd.textContent = value;
+  list.append(dt, dd);
+}
+
+async function fuse() {
+  const form = new FormData();
+  form.append("source", state.source);
+  for (const name of ["degree", "shape", "texture"]) form.append(name, $(name).value);
+  form.append("target_face_index", String(state.face));
+  form.append("format", $("format").value);
+  let path = "/v1/fuse";
+  if (state.template) path = "/v1/templates/" + state.template + "/fuse";
+  else form.append("target", state.target);
+  $("fuse").disabled = true;
+  say("Fusing…");
+  try {
+    const response = await api(path, { method: "POST", body: form });
+    const blob = await response.blob();
+    if (state.resultUrl) URL.revokeObjectURL(state.resultUrl);
+    state.resultUrl = URL.createObjectURL(blob);
+    const img = $("result");
+    img.src = state.resultUrl;
+    img.hidden = false;
+    const link = $("download");
+    link.href = state.resultUrl;
+    link.download = "facefuse." + ($("format").value === "jpeg" ? "jpg" : $("format").value);
+    link.hidden = false;
+    const facts = $("facts");
+    facts.replaceChildren();
+    const sim = response.headers.get("X-Facefuse-Identity-Similarity");
+    if (sim) fact(facts, "identity similarity", Number(sim).toFixed(3));
+    fact(facts, "cache", response.headers.get("X-Facefuse-Cache") || "-");
+    const timing = response.headers.get("Server-Timing") || "";
+    fact(facts, "timings (ms)", timing.split(",").map((part) => {
+      const [stage, dur] = part.trim().split(";dur=");
+      return stage + " " + Math.round(Number(dur));
+    }).join(", "));
+    const prov = state.caps && state.caps.provenance;
+    if (prov) {
+      fact(facts, "provenance", prov.xmp ?
+        "XMP digital source type: " + prov.digital_source_type.split("/").pop() : "none");
+      fact(facts, "visible label", prov.label.enabled ? prov.label.text : "off");
+      fact(facts, "C2PA", prov.c2pa.enabled ? "signed" : "not configured");
+    }
+    say("Done.");
+  } catch (err) {
+    say(err.message, true);
+  } finally {
+    ready();
+  }
+}
+
+function dropZone(zone, input, handle) {
+  input.addEventListener("change", () => input.files[0] && handle(input.files[0]));
+  zone.addEventListener("dragover", (e) => { e.preventDefault(); zone.classList.add("over"); });
+  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+  zone.addEventListener("drop", (e) => {
+    e.preventDefault();
+    zone.classList.remove("over");
+    if (e.dataTransfer.files[0]) handle(e.dataTransfer.files[0]);
+  });
+}
+
+function slider(name) {
+  const input = $(name);
+  input.addEventListener("input", () => {
+    $(name + "-out").textContent = input.value;
+    if (name === "degree") {
+      for (const other of ["shape", "texture"]) {
+        if (!state.touched[other]) {
+          $(other).value = input.value;
+          $(other + "-out").textContent = input.value;
+        }
+      }
+    } else {
+      state.touched[name] = true;
+    }
+  });
+}
+
+dropZone($("source-drop"), $("source-file"), setSource);
+dropZone($("target-drop"), $("target-file"), setTarget);
+$("template").addEventListener("change", (e) => setTemplate(e.target.value));
+["degree", "shape", "texture"].forEach(slider);
+$("fuse").addEventListener("click", fuse);
+$("key").addEventListener("change", loadCapabilities);
+loadCapabilities();
