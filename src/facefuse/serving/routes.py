@@ -189,7 +189,10 @@ async def fuse(request: Request) -> Response:
             "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
 
     async def compute() -> FuseOutcome:
-        async with pipeline.admit():
+        decoded = [images["source"], images["target"]]
+        if reference is not None and params.mode == "reference":
+            decoded.append(reference)
+        async with pipeline.admit(decoded):
             result = await pipeline.fuse(images["source"], images["target"], options, ctx,
                                          fmt=params.format, quality=params.quality,
                                          reference=reference, similarity=params.similarity)
@@ -222,7 +225,7 @@ async def faces(request: Request) -> JSONResponse:
     ctx = svc.context(request, "/v1/faces")
 
     async def run() -> dict[str, Any]:
-        async with pipeline.admit():
+        async with pipeline.admit([images["image"]]):
             rgb, digest = await pipeline.decode(images["image"], ctx)
             analysis = await pipeline.analyse(rgb, digest, ctx, embed=False)
             found: list[Face] = list(analysis.faces)
@@ -253,7 +256,7 @@ async def embed(request: Request) -> JSONResponse:
     ctx = svc.context(request, "/v1/embed")
 
     async def run() -> list[Face]:
-        async with pipeline.admit():
+        async with pipeline.admit([images["image"]]):
             rgb, digest = await pipeline.decode(images["image"], ctx)
             return list((await pipeline.analyse(rgb, digest, ctx, embed=True)).faces)
 
@@ -293,7 +296,7 @@ async def verify(request: Request) -> JSONResponse:
         return analysis.faces[0]
 
     async def both() -> list[Face]:
-        async with pipeline.admit():
+        async with pipeline.admit([images["a"], images["b"]]):
             return await gather_all([one("a"), one("b")])
 
     fa, fb = await within_deadline(ctx, both())
