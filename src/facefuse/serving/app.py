@@ -34,6 +34,7 @@ from facefuse.serving.cache.results import InProcessResultCache, RedisResultCach
 from facefuse.serving.http_errors import install_error_handlers
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.middleware import RequestContextMiddleware
+from facefuse.serving.openapi import install_openapi
 from facefuse.serving.pipeline import Pipeline
 from facefuse.serving.routes import router
 from facefuse.serving.security import ApiKeys, BodyLimitMiddleware
@@ -50,7 +51,10 @@ with the source identity fused in at the chosen degree.
 
 Images go in as `multipart/form-data` file parts or as base64 strings in a JSON
 object; JPEG, PNG and WebP only. Every error is JSON `{"error": {"code", "message"}}`
-with a stable code. When API keys are configured, send `Authorization: Bearer <key>`.
+with a stable code. When API keys are configured, send `Authorization: Bearer <key>`;
+admin routes need an admin key (without one they are closed). JSON option values are
+typed strictly (a number is a JSON number). Limits: see each image field; a body must
+arrive at a minimum rate (408 otherwise).
 """
 
 
@@ -170,6 +174,7 @@ def create_app(
                   lifespan=_lifespan(registry))
     app.state.services = svc
     app.include_router(router)
+    install_openapi(app, settings, keys)
     install_error_handlers(app)
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
