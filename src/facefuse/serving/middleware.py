@@ -102,9 +102,11 @@ class RequestContextMiddleware:
                 replay = await reader.read()
             except FacefuseError as exc:
                 state.setdefault("log", {})["error"] = exc.code
-                await error_response(self.svc, exc.http_status, exc.code, exc.message)(
-                    scope, receive, send_wrapper)
+                response = error_response(self.svc, exc.http_status, exc.code, exc.message)
+                response.headers["connection"] = "close"  # the rest of the body is unread
+                await response(scope, receive, send_wrapper)
                 return
+            state["t0"] = time.monotonic()  # the request deadline runs from here: work starts
             if limited and self.inflight >= self.svc.settings.max_inflight:
                 await self._refuse(scope, replay, send_wrapper, (
                     f"{self.inflight} requests in flight "
