@@ -26,6 +26,7 @@ import base64
 import collections
 import json
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -54,7 +55,6 @@ from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import fetch_samples
 from report import machine, machine_line, write_json, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
 MAX_INFLIGHT = 8
 
 
@@ -162,9 +162,9 @@ def main() -> int:
     env = {"FACEFUSE_MEMORY_BUDGET_MB": str(args.budget_mb),
            "FACEFUSE_MAX_INFLIGHT": str(MAX_INFLIGHT), "FACEFUSE_MAX_QUEUE_SIZE": "8",
            "FACEFUSE_HEADER_TIMEOUT_S": "5", "FACEFUSE_BODY_TIMEOUT_S": "5"}
-    logdir = ROOT / "bench" / "results"
-    logdir.mkdir(parents=True, exist_ok=True)
+    logdir = Path(tempfile.mkdtemp(prefix="facefuse-hostile-"))
     server = ServerProcess(settings.home, logdir, env, name="hostile").start()
+    print(f"server log: {server.log_path}")
     try:
         before = _rss(server.pid)
         probe = Probe(server.port)

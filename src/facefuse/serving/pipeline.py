@@ -158,6 +158,21 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return exc
 
 
+async def _in_thread(pool: Executor, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in ``pool`` with the caller's context. If the caller is cancelled
+    (its client went away), wait for the thread to finish before re-raising: a thread
+    cannot be stopped, and the memory it holds must stay reserved until it ends."""
+    ctx = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(
+        pool, functools.partial(ctx.run, fn, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await future
+        raise
+
+
 class Pipeline:
     """Models, batchers, pools and the L1 cache of one server process.
 
@@ -336,15 +351,11 @@ class Pipeline:
 
     async def cpu(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the CPU pool (with the caller's context: request id)."""
-        ctx = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.cpu_pool, functools.partial(ctx.run, fn, *args))
+        return await _in_thread(self.cpu_pool, fn, *args)
 
     async def infer(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the inference pool (unbatched model calls)."""
-        ctx = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.infer_pool, functools.partial(ctx.run, fn, *args))
+        return await _in_thread(self.infer_pool, fn, *args)
 
     def _submit(
         self, name: str, xs: Sequence[np.ndarray], ctx: RequestContext
