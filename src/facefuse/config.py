@@ -85,8 +85,6 @@ class Settings:
     l2_cache_bytes: int = 64 * 1024 * 1024
     #: Largest single result stored in L2, bytes.
     l2_max_item_bytes: int = 8 * 1024 * 1024
-    #: Opt-in near-duplicate matching of L1 analyses by perceptual hash (never L2).
-    l1_phash: bool = False
     #: Micro-batching: most items per model call, and the longest wait for company.
     #: 0: a batch starts as soon as an inference thread is free, and the items that
     #: arrive while every thread is busy form the next one (measured best on CPU:
@@ -116,6 +114,23 @@ class Settings:
     cpu_workers: int = 2
     #: Request body limit, bytes (checked before reading it all).
     max_body_bytes: int = 10 * 1024 * 1024
+    #: Slow clients: the request line and headers must arrive within this many seconds
+    #: (408 and closed otherwise); no gap between two body reads may be longer than
+    #: ``body_timeout_s``; and the whole body must arrive within
+    #: ``body_timeout_s + length / min_upload_rate`` seconds (408 otherwise).
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    #: Slowest accepted average upload, bytes per second (after ``body_timeout_s``).
+    min_upload_rate: int = 32 * 1024
+    #: Memory the process may use, MiB; 0: 90 % of the cgroup (container) limit when
+    #: there is one, else 2048. Decides how many bodies and decoded pixels may be in
+    #: flight at once (see docs/operations.md, limits and budgets).
+    memory_budget_mb: int = 0
+    #: Longest wait for memory budget before a 503 + Retry-After, seconds.
+    memory_wait_s: float = 5.0
+    #: With no admin key configured, admin routes are refused (403) unless this is
+    #: true (local development only).
+    admin_open: bool = False
     #: Allowed CORS origins (comma-separated); empty: CORS off.
     cors_origins: tuple[str, ...] = ()
     #: Seconds in-flight requests get to finish on shutdown.
@@ -239,6 +254,11 @@ class Settings:
             (s.inference_workers >= 1 and s.cpu_workers >= 1,
              "inference_workers and cpu_workers must be >= 1"),
             (s.max_body_bytes > 0, "max_body_bytes must be > 0"),
+            (s.header_timeout_s > 0 and s.body_timeout_s > 0,
+             "header_timeout_s and body_timeout_s must be > 0"),
+            (s.min_upload_rate >= 1, "min_upload_rate must be >= 1 byte/s"),
+            (s.memory_budget_mb >= 0, "memory_budget_mb must be >= 0 (0: derive)"),
+            (s.memory_wait_s >= 0, "memory_wait_s must be >= 0"),
             (s.l1_cache_bytes >= 0 and s.l2_cache_bytes >= 0, "cache sizes must be >= 0"),
             (s.redis_ttl_s > 0 and s.redis_timeout_s > 0, "redis_ttl_s and redis_timeout_s > 0"),
             (s.shutdown_grace_s >= 0 and s.reload_poll_s >= 0, "grace and poll must be >= 0"),

@@ -188,6 +188,14 @@ class BodyTooLargeError(FacefuseError):
     exit_code = 2
 
 
+class RequestTimeoutError(FacefuseError):
+    """The client sent its request (headers or body) too slowly."""
+
+    code = "request_timeout"
+    http_status = 408
+    exit_code = 2
+
+
 class CacheUnavailableError(FacefuseError):
     """An operation that needs the shared cache (e.g. an admin purge) cannot reach it."""
 

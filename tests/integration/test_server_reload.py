@@ -46,6 +46,7 @@ def server(settings: Settings, models: Path, tmp_path: Path) -> Iterator[ServerP
         "FACEFUSE_MODELS_DIR": str(models), "FACEFUSE_RELOAD_POLL_S": "0.2",
         "FACEFUSE_L1_CACHE_BYTES": "0",  # every request runs the models
         "FACEFUSE_PRECISION": "fp32",  # the variant this test republishes
+        "FACEFUSE_ADMIN_OPEN": "true",  # no keys here: the reload route must be open
     }, name="reload")
     proc.start()
     yield proc

@@ -335,3 +335,26 @@ async def test_flush_when_idle_skips_the_delay_and_batches_what_queued_meanwhile
     assert [float(r[0].flat[0]) for r in results] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert rec.sizes == [1, 5]
     await b.drain(10)
+
+
+async def test_one_callers_items_enter_together_whatever_the_queue_bound(
+    executor: ThreadPoolExecutor,
+) -> None:
+    """Ten items of one caller (ten faces) on a two-item queue: served, not refused;
+    a second caller arriving while they wait is refused (the bound counts callers)."""
+    gate = threading.Event()
+    rec = Recorder(gate)
+    b = MicroBatcher("rec", rec, executor=executor, max_batch_size=4, max_queue_size=2)
+    try:
+        first = asyncio.ensure_future(b.submit(item(100)))
+        await wait_until(rec.started.is_set, "first batch started")
+        many = asyncio.ensure_future(b.submit_many([item(i) for i in range(10)]))
+        await wait_until(lambda: b.queue_depth == 10, "ten items queued")
+        with pytest.raises(OverloadedError):
+            await b.submit(item(50))
+    finally:
+        gate.set()
+    await first
+    rows = await many
+    assert [float(r[0].reshape(-1)[0]) for r in rows] == [2.0 * i for i in range(10)]
+    await b.drain(10)

@@ -14,8 +14,6 @@ import pytest
 
 from facefuse.serving.cache.keys import (
     analysis_key,
-    hamming,
-    phash,
     pixels_sha256,
     result_key,
     sha256_hex,
@@ -198,29 +196,3 @@ def _jpeg_roundtrip(rgb: np.ndarray, quality: int) -> np.ndarray:
     bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
     assert bgr is not None
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
-
-
-def test_phash_matches_near_duplicates_and_separates_different_photos(
-    sample_images: dict[str, np.ndarray],
-) -> None:
-    obama = sample_images["obama"]
-    h = phash(obama)
-    assert 0 <= h < 2**64
-    assert phash(obama.copy()) == h
-    resized = cv2.resize(
-        obama, (obama.shape[1] // 2, obama.shape[0] // 2), interpolation=cv2.INTER_AREA
-    )
-    recompressed = _jpeg_roundtrip(obama, 40)
-    assert hamming(h, phash(resized)) <= 4
-    assert hamming(h, phash(recompressed)) <= 4
-    # Different photos, even of the same person, are far apart.
-    for other in ("biden", "astronaut", "obama2"):
-        assert hamming(h, phash(sample_images[other])) > 12, other
-    # Gray input works and agrees with the RGB path.
-    gray = cv2.cvtColor(obama, cv2.COLOR_RGB2GRAY)
-    assert phash(gray) == h
-
-
-def test_phash_rejects_bad_shapes() -> None:
-    with pytest.raises(ValueError, match="phash"):
-        phash(np.zeros((4, 4, 4), np.uint8))

@@ -568,3 +568,14 @@ def test_no_pillow_global_is_changed() -> None:
 
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
     assert Image.MAX_IMAGE_PIXELS == 1024 * 1024 * 1024 // 4 // 3  # Pillow's default
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.5, 0.9])
+def test_truncated_jpeg_with_an_end_marker_appended_is_corrupt(
+    obama_bytes: bytes, cut: float
+) -> None:
+    """The end marker is there, but the scan data stops early: libjpeg would fill the
+    rest with grey; it must be refused instead."""
+    data = obama_bytes[: int(len(obama_bytes) * cut)] + b"\xff\xd9"
+    with pytest.raises(CorruptImageError, match="truncated"):
+        decode_image(data)

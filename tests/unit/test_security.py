@@ -28,12 +28,25 @@ def anyio_backend() -> str:
 # --- API keys ----------------------------------------------------------------------------
 
 
-def test_disabled_when_nothing_is_configured() -> None:
+def test_disabled_when_nothing_is_configured_but_admin_routes_stay_closed() -> None:
     keys = ApiKeys.from_settings(Settings.from_env({}))
     assert not keys.enabled
     assert keys.check(None) is None
+    assert keys.check("Bearer whatever") is None
+    for header in (None, "Bearer whatever"):
+        with pytest.raises(ForbiddenError):
+            keys.check(header, admin=True)
+
+
+def test_admin_open_opens_admin_routes_only_without_keys() -> None:
+    settings = Settings.from_env({"FACEFUSE_ADMIN_OPEN": "true"})
+    keys = ApiKeys.from_settings(settings)
+    keys.admin_open = settings.admin_open
     assert keys.check(None, admin=True) is None
-    assert keys.check("Bearer whatever", admin=True) is None
+    keyed = ApiKeys.from_env_value(USER, "")
+    keyed.admin_open = True  # keys configured: admin_open changes nothing
+    with pytest.raises(ForbiddenError):
+        keyed.check(f"Bearer {USER}", admin=True)
 
 
 def test_env_format_labels_separators_and_admin_keys() -> None:

@@ -7,8 +7,10 @@ Every input image crosses this boundary, so it is strict and cheap to refuse:
 3. width and height read from the header by our own parser, *before* Pillow sees
    the data, and checked against ``max_pixels`` and ``min_side`` — a header that
    claims 50000×50000 is refused without allocating anything;
-4. completeness — a JPEG must end with an EOI marker after its frame header, a
-   PNG must have its IEND chunk, a WebP its whole RIFF payload; Pillow is used
+4. completeness — a JPEG must end with an EOI marker after its frame header and
+   its scan data must not end early (checked by libjpeg-turbo in strict mode, so a
+   truncated file with an EOI appended is refused), a PNG must have its IEND
+   chunk, a WebP its whole RIFF payload; Pillow is used
    with its default ``LOAD_TRUNCATED_IMAGES = False`` (never changed here), so a
    short pixel stream is an error too;
 5. decoding by the one Pillow plugin the magic bytes named (``formats=[...]``).
@@ -38,6 +40,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import simplejpeg
 from PIL import Image
 
 from facefuse.errors import (
@@ -332,6 +335,7 @@ def _check_complete(data: bytes, fmt: ImageFormat) -> None:
         _, _, after_sof = _jpeg_frame(data)
         if data.rfind(b"\xff\xd9", after_sof) < 0:
             raise CorruptImageError("the JPEG is truncated (no end-of-image marker)")
+        _check_jpeg_scan(data)
     elif fmt == "png":
         if data.rfind(b"\x00\x00\x00\x00IEND", 33) < 0:
             raise CorruptImageError("the PNG is truncated (no IEND chunk)")
@@ -339,6 +343,24 @@ def _check_complete(data: bytes, fmt: ImageFormat) -> None:
         (riff_size,) = struct.unpack("<I", data[4:8])
         if len(data) < riff_size + 8:
             raise CorruptImageError(f"the WebP is truncated ({len(data)} of {riff_size + 8} bytes)")
+
+
+def _check_jpeg_scan(data: bytes) -> None:
+    """Refuse a JPEG whose entropy-coded data ends early (a truncated file with an
+    end marker appended: Pillow's libjpeg silently fills the rest with grey).
+
+    libjpeg-turbo (``simplejpeg``, strict) decodes the whole scan at 1/8 scale, in
+    grey — cheap, since only DC coefficients are transformed — and reports the
+    premature end that Pillow's decoder ignores. Other libjpeg warnings (e.g.
+    extraneous bytes before a marker, common in camera files) are left to Pillow.
+    """
+    try:
+        simplejpeg.decode_jpeg(data, colorspace="gray", strict=True, min_height=1, min_width=1)
+    except ValueError as exc:
+        if "premature end" in str(exc).lower():
+            raise CorruptImageError(
+                "the JPEG is truncated (its scan data ends before the image is complete)"
+            ) from None
 
 
 # --- pixels ------------------------------------------------------------------------------

@@ -27,12 +27,14 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from facefuse import __version__
 from facefuse.config import Settings
-from facefuse.errors import FacefuseError
+from facefuse.errors import FacefuseError, InvalidArgumentError
 from facefuse.runtime.registry import ModelRegistry
+from facefuse.serving.budget import MemoryBudget, budget_bytes, current_rss_bytes
 from facefuse.serving.cache.results import InProcessResultCache, RedisResultCache, ResultCache
 from facefuse.serving.http_errors import install_error_handlers
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.middleware import RequestContextMiddleware
+from facefuse.serving.openapi import install_openapi
 from facefuse.serving.pipeline import Pipeline
 from facefuse.serving.playground import install_playground
 from facefuse.serving.routes import router
@@ -52,7 +54,10 @@ with the source identity fused in at the chosen degree.
 
 Images go in as `multipart/form-data` file parts or as base64 strings in a JSON
 object; JPEG, PNG and WebP only. Every error is JSON `{"error": {"code", "message"}}`
-with a stable code. When API keys are configured, send `Authorization: Bearer <key>`.
+with a stable code. When API keys are configured, send `Authorization: Bearer <key>`;
+admin routes need an admin key (without one they are closed). JSON option values are
+typed strictly (a number is a JSON number). Limits: see each image field; a body must
+arrive at a minimum rate (408 otherwise).
 """
 
 
@@ -66,7 +71,20 @@ def build_l2(settings: Settings) -> ResultCache:
                                 max_item_bytes=settings.l2_max_item_bytes)
 
 
-# --- error answers --------------------------------------------------------------------------
+def request_pool_bytes(settings: Settings) -> int:
+    """The part of the memory budget left to requests: the budget less what this
+    process holds now (models, runtime: measured) and the caches' bounds.
+
+    Raises:
+        InvalidArgumentError: less than one maximal body is left.
+    """
+    caches = settings.l1_cache_bytes + (0 if settings.redis_url else settings.l2_cache_bytes)
+    pool = budget_bytes(settings) - current_rss_bytes() - caches
+    if pool < settings.max_body_bytes:
+        raise InvalidArgumentError(
+            f"memory budget {budget_bytes(settings) >> 20} MiB leaves {max(0, pool) >> 20} MiB "
+            f"for requests after the models and caches; raise FACEFUSE_MEMORY_BUDGET_MB")
+    return pool
 
 
 # --- lifespan -------------------------------------------------------------------------------
@@ -82,7 +100,8 @@ def _lifespan(
         loop = asyncio.get_running_loop()
 
         def build() -> Pipeline:
-            p = Pipeline(settings, registry or ModelRegistry(settings), metrics=svc.metrics)
+            p = Pipeline(settings, registry or ModelRegistry(settings), metrics=svc.metrics,
+                         budget=svc.budget)
             p.warmup()
             return p
 
@@ -93,6 +112,9 @@ def _lifespan(
             log.error("cannot start: %s", exc.message, extra={"fields": {"code": exc.code}})
             raise
         pipeline.start()
+        pool = request_pool_bytes(settings)
+        assert svc.budget is not None
+        svc.budget.set_capacity(pool)
         svc.pipeline = pipeline
         svc.metrics.register_cache("l1", pipeline.l1)
         svc.metrics.set_models(svc.model_rows())
@@ -104,7 +126,8 @@ def _lifespan(
             "startup_s": round(time.monotonic() - t0, 2), "models": pipeline.model_versions,
             "l2": l2_state, "batching": settings.batching, "auth": svc.keys.enabled,
             "max_batch_size": settings.max_batch_size,
-            "max_queue_delay_ms": settings.max_queue_delay_ms}})
+            "max_queue_delay_ms": settings.max_queue_delay_ms,
+            "memory_budget_mb": budget_bytes(settings) >> 20, "request_pool_mb": pool >> 20}})
         try:
             yield
         finally:
@@ -149,9 +172,11 @@ def create_app(
     Models are loaded when the app starts (its lifespan), not here.
     """
     keys = api_keys if api_keys is not None else ApiKeys.from_settings(settings)
+    keys.admin_open = settings.admin_open
     svc = Services(settings=settings, l2=l2 if l2 is not None else build_l2(settings),
                    metrics=metrics or Metrics(), keys=keys,
-                   templates=templates or build_template_store(settings))
+                   templates=templates or build_template_store(settings),
+                   budget=MemoryBudget(request_pool_bytes(settings), settings.memory_wait_s))
     svc.metrics.register_cache("l2", svc.l2)
     app = FastAPI(title="facefuse", version=__version__, description=DESCRIPTION,
                   lifespan=_lifespan(registry))
@@ -159,6 +184,7 @@ def create_app(
     app.include_router(router)
     app.include_router(product_router)
     install_playground(app)
+    install_openapi(app, settings, keys)
     install_error_handlers(app)
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

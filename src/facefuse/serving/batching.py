@@ -14,8 +14,12 @@ split back row by row to the callers.
 
 Bounded everything:
 
-* the queue holds at most ``max_queue_size`` items; :meth:`MicroBatcher.submit`
-  raises :class:`~facefuse.errors.OverloadedError` (HTTP 503) at once when full;
+* the queue is bounded per *request*: :meth:`MicroBatcher.submit_many` puts all the
+  items of one caller in at once (one per face of a photo) and is refused with
+  :class:`~facefuse.errors.OverloadedError` (HTTP 503) only when ``max_queue_size``
+  items are already waiting. A group is never refused for its own size, so a
+  photo with many faces is served on an idle server; the queue can exceed the
+  bound by at most one group;
 * a per-request ``deadline`` (``time.monotonic()`` seconds) raises
   :class:`~facefuse.errors.DeadlineExceededError` (HTTP 504); an item whose
   deadline passed before its batch started is dropped, not computed;
@@ -209,24 +213,33 @@ class MicroBatcher:
     # --- the caller side ---------------------------------------------------------------
 
     async def submit(self, x: np.ndarray, *, deadline: float | None = None) -> list[np.ndarray]:
-        """Queue one model input and wait for its outputs.
+        """Queue one model input and wait for its outputs (:meth:`submit_many` of one)."""
+        return (await self.submit_many([x], deadline=deadline))[0]
+
+    async def submit_many(
+        self, xs: Sequence[np.ndarray], *, deadline: float | None = None
+    ) -> list[list[np.ndarray]]:
+        """Queue the model inputs of one caller together and wait for all their outputs.
 
         Args:
-            x: ONE input, without the batch dimension (e.g. ``(3, 150, 150)`` float32).
-                Items of different shape or dtype are never stacked together.
+            xs: inputs, each WITHOUT the batch dimension (e.g. ``(3, 150, 150)``
+                float32). Items of different shape or dtype are never stacked together.
             deadline: ``time.monotonic()`` seconds after which the caller gives up.
 
         Returns:
-            One array per model output: row ``i`` of each output of the batch
-            (a copy, so it does not pin the batch's memory).
+            Per input, one array per model output: row ``i`` of each output of its
+            batch (a copy, so it does not pin the batch's memory).
 
         Raises:
-            OverloadedError: the queue is full or the batcher is draining.
+            OverloadedError: ``max_queue_size`` items are already waiting, or the
+                batcher is draining.
             DeadlineExceededError: ``deadline`` passed first.
             Exception: whatever ``run_batch`` raised, for every caller of that batch.
         """
         if self._closing:
             raise OverloadedError(f"{self.name}: shutting down")
+        if not xs:
+            return []
         if self._task is None:
             self.start()
         assert self._wakeup is not None
@@ -237,24 +250,32 @@ class MicroBatcher:
             raise OverloadedError(
                 f"{self.name}: queue full ({self.max_queue_size} items); retry later"
             )
-        future: asyncio.Future[list[np.ndarray]] = asyncio.get_running_loop().create_future()
-        item = _Item(x=x, future=future, enqueued=now, deadline=deadline)
-        self._queue.append(item)
+        loop = asyncio.get_running_loop()
+        items = [_Item(x=x, future=loop.create_future(), enqueued=now, deadline=deadline)
+                 for x in xs]
+        self._queue.extend(items)
         self._depth_changed()
         self._wakeup.set()
+        waiting = asyncio.gather(*(item.future for item in items))
         try:
             if deadline is None:
-                return await future
-            # wait_for cancels the future on timeout: the loop then skips the item.
-            return await asyncio.wait_for(future, timeout=deadline - now)
+                return await waiting
+            return await asyncio.wait_for(waiting, timeout=deadline - now)
         except TimeoutError:
-            if future.cancelled():  # wait_for gave up, not a TimeoutError from run_batch
+            if deadline is not None and time.monotonic() >= deadline:
+                # wait_for gave up, not a TimeoutError from run_batch
                 raise DeadlineExceededError(f"{self.name}: deadline exceeded") from None
             raise
         finally:
-            # Timed out or the caller was cancelled (client went away): unqueue it.
-            if not future.done() or future.cancelled():
-                self._unqueue(item)
+            # Timed out, failed or the caller was cancelled (client went away): unqueue
+            # what has not started (cancelled futures are skipped by the loop).
+            for item in items:
+                if not item.future.done():
+                    item.future.cancel()
+                if item.future.cancelled():
+                    self._unqueue(item)
+                else:
+                    item.future.exception()  # retrieved: a shared batch error is raised once
 
     # --- the batching loop -------------------------------------------------------------
 

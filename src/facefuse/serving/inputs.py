@@ -4,10 +4,19 @@
 * ``application/json``: an object with images as base64 strings (a ``data:`` URL
   prefix is accepted) and options as JSON values.
 
-Everything else is 415. Option fields are validated with a pydantic model; any
-problem is an :class:`~facefuse.errors.InvalidArgumentError` (HTTP 422,
-``invalid_argument``) naming the field. The body size is bounded before this runs
-(:class:`~facefuse.serving.security.BodyLimitMiddleware`).
+Everything else is 415. The line between 400 and 422:
+
+* 400 ``bad_request``: the body cannot be parsed at all — malformed or too deeply
+  nested JSON (more than :data:`MAX_JSON_DEPTH` levels), a multipart body without
+  its closing boundary (truncated), a multipart body without a boundary;
+* 422 ``invalid_argument``: it parses, but a field is missing, unknown, repeated,
+  of the wrong type or out of range.
+
+Option fields are validated with a pydantic model naming the field. JSON values
+are typed, so they are validated strictly: ``"degree": "50"`` or
+``"degree": true`` is a 422, only ``50`` / ``50.0`` is a number. Multipart text
+fields are strings by nature and are parsed (``degree=50``). The body size is
+bounded before this runs (:class:`~facefuse.serving.security.BodyLimitMiddleware`).
 """
 
 from __future__ import annotations
@@ -27,17 +36,34 @@ from facefuse.errors import (
     UnsupportedMediaTypeError,
 )
 
-__all__ = ["BadRequestError", "UnsupportedMediaTypeError", "read_request", "validate_params"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "BadRequestError",
+    "RequestFields",
+    "UnsupportedMediaTypeError",
+    "read_request",
+    "validate_params",
+]
 
 P = TypeVar("P", bound=BaseModel)
 
 #: Most multipart parts accepted (files + fields).
 MAX_PARTS = 32
 
+#: Deepest JSON nesting accepted (the API's bodies are flat objects: depth 1).
+MAX_JSON_DEPTH = 32
+
+
+class RequestFields(dict[str, Any]):
+    """The option fields of a request; ``typed`` when they came as JSON values (then
+    validated strictly: no string or boolean for a number)."""
+
+    typed: bool = False
+
 
 async def read_request(
     request: Request, files: tuple[str, ...], optional: tuple[str, ...] = ()
-) -> tuple[dict[str, bytes], dict[str, Any]]:
+) -> tuple[dict[str, bytes], RequestFields]:
     """The image files and the other fields of a request.
 
     Args:
@@ -74,10 +100,14 @@ async def read_request(
 
 async def _read_multipart(
     request: Request, names: tuple[str, ...]
-) -> tuple[dict[str, bytes], dict[str, Any]]:
+) -> tuple[dict[str, bytes], RequestFields]:
+    boundary = _boundary(request.headers.get("content-type", ""))
+    body = await request.body()
+    if b"--" + boundary + b"--" not in body:
+        raise BadRequestError("the multipart body is truncated (no closing boundary)")
     form = await request.form(max_files=len(names) + 1, max_fields=MAX_PARTS)
     images: dict[str, bytes] = {}
-    fields: dict[str, Any] = {}
+    fields = RequestFields()
     try:
         for key, value in form.multi_items():
             if key in images or key in fields:
@@ -97,13 +127,54 @@ async def _read_multipart(
     return images, fields
 
 
+def _boundary(content_type: str) -> bytes:
+    for param in content_type.split(";")[1:]:
+        key, _, value = param.strip().partition("=")
+        if key.strip().lower() == "boundary" and value.strip().strip('"'):
+            return value.strip().strip('"').encode("latin-1", "replace")
+    raise BadRequestError("multipart/form-data without a boundary parameter")
+
+
+def _json_depth_ok(body: bytes) -> bool:
+    """Whether no array/object nests deeper than :data:`MAX_JSON_DEPTH` (cheap upper
+    bound: counts every bracket, inside strings too — the API's strings are base64
+    and hold none)."""
+    opened = body.count(b"[") + body.count(b"{")
+    return opened <= MAX_JSON_DEPTH or _max_depth(body) <= MAX_JSON_DEPTH
+
+
+def _max_depth(body: bytes) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return depth
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 async def _read_json(
     request: Request, names: tuple[str, ...]
-) -> tuple[dict[str, bytes], dict[str, Any]]:
+) -> tuple[dict[str, bytes], RequestFields]:
     body = await request.body()
+    if not _json_depth_ok(body):
+        raise BadRequestError(f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadRequestError(f"the body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidArgumentError("the JSON body must be an object")
@@ -115,7 +186,9 @@ async def _read_json(
         if not isinstance(value, str):
             raise InvalidArgumentError(f"field {name!r} must be a base64 string")
         images[name] = _b64(name, value)
-    return images, doc
+    fields = RequestFields(doc)
+    fields.typed = True
+    return images, fields
 
 
 def _b64(name: str, value: str) -> bytes:
@@ -132,9 +205,13 @@ def _b64(name: str, value: str) -> bytes:
 
 
 def validate_params(model: type[P], fields: dict[str, Any]) -> P:
-    """``model`` from raw fields; errors become one ``invalid_argument`` naming the fields."""
+    """``model`` from raw fields; errors become one ``invalid_argument`` naming the fields.
+
+    Fields that came as JSON (:attr:`RequestFields.typed`) are validated strictly.
+    """
+    strict = isinstance(fields, RequestFields) and fields.typed
     try:
-        return model.model_validate(fields)
+        return model.model_validate(dict(fields), strict=strict)
     except ValidationError as exc:
         raise InvalidArgumentError(describe_errors(exc.errors())) from None
 

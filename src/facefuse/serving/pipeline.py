@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from facefuse.config import Settings
-from facefuse.errors import InvalidArgumentError
+from facefuse.errors import ImageTooLargeError, InvalidArgumentError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.stages import Done, FaceModels, ModelCall, Stage
@@ -60,7 +60,8 @@ from facefuse.runtime.providers import device_of
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.runtime.warmup import warm_up
 from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher
-from facefuse.serving.cache.keys import analysis_key, phash, pixels_sha256
+from facefuse.serving.budget import BYTES_PER_PIXEL, MemoryBudget, budget_bytes
+from facefuse.serving.cache.keys import analysis_key, pixels_sha256
 from facefuse.serving.cache.lru import ByteLRU
 
 __all__ = [
@@ -162,6 +163,21 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return exc
 
 
+async def _in_thread(pool: Executor, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in ``pool`` with the caller's context. If the caller is cancelled
+    (its client went away), wait for the thread to finish before re-raising: a thread
+    cannot be stopped, and the memory it holds must stay reserved until it ends."""
+    ctx = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(
+        pool, functools.partial(ctx.run, fn, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await future
+        raise
+
+
 class Pipeline:
     """Models, batchers, pools and the L1 cache of one server process.
 
@@ -169,6 +185,8 @@ class Pipeline:
         settings: the serving settings (batching knobs, pool sizes, limits).
         registry: the model registry (hot reload goes through :meth:`reload`).
         metrics: batch-size / queue observer (e.g. :class:`~facefuse.serving.metrics.Metrics`).
+        budget: the memory budget that decoding reserves from (default: a private one
+            of the settings' whole budget).
 
     Build it in a worker thread (it loads the models), then :meth:`start` it on the
     event loop that will serve requests.
@@ -180,8 +198,10 @@ class Pipeline:
         registry: ModelRegistry,
         *,
         metrics: BatchObserver | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.settings = settings
+        self.budget = budget or MemoryBudget(budget_bytes(settings), settings.memory_wait_s)
         self.registry = registry
         self.metrics = metrics
         self.limits = DecodeLimits.from_settings(settings)
@@ -315,32 +335,44 @@ class Pipeline:
     # --- helpers -----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
-        """Hold one of ``max_active`` pipeline slots (waits, under the caller's deadline).
+    async def admit(self, images: Sequence[bytes] = ()) -> AsyncIterator[None]:
+        """Hold memory for decoding ``images`` and one of ``max_active`` pipeline slots.
 
-        Decoded images and intermediate arrays exist only inside a slot, so memory
-        grows with ``max_active``, not with the number of connected clients.
+        The headers of ``images`` (every image the block will decode) are checked
+        first, so a bad or over-limit image is refused before any waiting; then
+        :data:`~facefuse.serving.budget.BYTES_PER_PIXEL` per pixel is reserved from
+        the memory budget (a bounded wait, then 503), then a slot is taken (waits,
+        under the caller's deadline). Decoded images and intermediate arrays exist
+        only inside the block, so memory grows with the budget, not with the number
+        of connected clients.
+
+        Raises:
+            InvalidImageError: a header is malformed or over the decoder limits.
+            ImageTooLargeError: the images need more than the whole request pool.
+            OverloadedError: no budget within ``memory_wait_s``.
         """
-        async with self._active:
+        pixels = sum(check_header(data, self.limits).pixels for data in images)
+        cost = pixels * BYTES_PER_PIXEL
+        if not self.budget.fits(cost):
+            raise ImageTooLargeError(
+                f"the images have {pixels} pixels; this server's memory budget allows "
+                f"{self.budget.capacity // BYTES_PER_PIXEL} decoded pixels per request")
+        async with self.budget.hold(cost, "decoding"), self._active:
             yield
 
     async def in_cpu_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the CPU pool (with the caller's context: request id)."""
-        ctx = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.cpu_pool, functools.partial(ctx.run, fn, *args))
+        return await _in_thread(self.cpu_pool, fn, *args)
 
     async def in_inference_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the inference pool (unbatched model calls)."""
-        ctx = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.infer_pool, functools.partial(ctx.run, fn, *args))
+        return await _in_thread(self.infer_pool, fn, *args)
 
     def _submit(
-        self, name: str, x: np.ndarray, ctx: RequestContext
-    ) -> Coroutine[Any, Any, list[np.ndarray]]:
+        self, name: str, xs: Sequence[np.ndarray], ctx: RequestContext
+    ) -> Coroutine[Any, Any, list[list[np.ndarray]]]:
         batcher = (self._batched if ctx.batched else self._direct)[name]
-        return batcher.submit(x, deadline=ctx.deadline)
+        return batcher.submit_many(xs, deadline=ctx.deadline)
 
     # --- decode ------------------------------------------------------------------------
 
@@ -357,14 +389,10 @@ class Pipeline:
         return rgb, digest
 
     def _decode_and_digest(self, data: bytes) -> tuple[np.ndarray, str]:
+        # Keyed by the exact pixels only: identity values (embeddings, similarity)
+        # must never be shared between two different images, however alike.
         rgb = decode_image(data, self.limits)
-        if self.settings.l1_phash:
-            # Opt-in near-duplicate matching: keys ONLY this image's analysis (the
-            # size is part of it so coordinates stay valid), never a fused result.
-            digest = f"phash:{phash(rgb):016x}:{rgb.shape[1]}x{rgb.shape[0]}"
-        else:
-            digest = pixels_sha256(rgb)
-        return rgb, digest
+        return rgb, pixels_sha256(rgb)
 
     # --- driving a stage ---------------------------------------------------------------
 
@@ -386,7 +414,8 @@ class Pipeline:
 
     async def _answer(self, call: ModelCall, ctx: RequestContext) -> stages.Outputs:
         if call.model in self._batched:
-            return await gather_all(self._submit(call.model, x, ctx) for x in call.inputs)
+            # All items of one call enter the queue together (bounded per request).
+            return await self._submit(call.model, call.inputs, ctx)
         return await self.in_inference_pool(self._unbatched, call)
 
     # --- analysis ----------------------------------------------------------------------

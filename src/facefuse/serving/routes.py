@@ -183,7 +183,10 @@ async def fuse(request: Request) -> Response:
             "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
 
     async def compute() -> FuseOutcome:
-        async with pipeline.admit():
+        images = [*req.sources, target]
+        if req.reference is not None and req.params.mode == "reference":
+            images.append(req.reference)
+        async with pipeline.admit(images):
             result = await pipeline.fuse(req.sources, target, req.options, ctx,
                                          fmt=req.params.format, quality=req.params.quality,
                                          reference=req.reference, mapping=req.mapping,
@@ -217,7 +220,7 @@ async def faces(request: Request) -> JSONResponse:
     ctx = svc.context(request, "/v1/faces")
 
     async def run() -> dict[str, Any]:
-        async with pipeline.admit():
+        async with pipeline.admit([images["image"]]):
             rgb, digest = await pipeline.decode(images["image"], ctx)
             analysis = await pipeline.analyse(rgb, digest, ctx, embed=False)
             found: list[Face] = list(analysis.faces)
@@ -248,7 +251,7 @@ async def embed(request: Request) -> JSONResponse:
     ctx = svc.context(request, "/v1/embed")
 
     async def run() -> list[Face]:
-        async with pipeline.admit():
+        async with pipeline.admit([images["image"]]):
             rgb, digest = await pipeline.decode(images["image"], ctx)
             return list((await pipeline.analyse(rgb, digest, ctx, embed=True)).faces)
 
@@ -288,7 +291,7 @@ async def verify(request: Request) -> JSONResponse:
         return analysis.faces[0]
 
     async def both() -> list[Face]:
-        async with pipeline.admit():
+        async with pipeline.admit([images["a"], images["b"]]):
             return await gather_all([one("a"), one("b")])
 
     fa, fb = await within_deadline(ctx, both())

@@ -104,7 +104,7 @@ async def create_template(request: Request) -> JSONResponse:
     ctx = svc.context(request, "/v1/templates")
 
     async def analyse() -> Analysis:
-        async with pipeline.admit():
+        async with pipeline.admit([data]):
             rgb, digest = await pipeline.decode(data, ctx)
             return await pipeline.analyse(rgb, digest, ctx, embed=True)
 
@@ -192,7 +192,10 @@ async def fuse_template(request: Request, template: str) -> Response:
     analysis = Analysis(stored.faces, True, stored.width, stored.height) if fresh else None
 
     async def compute() -> FuseOutcome:
-        async with pipeline.admit():
+        images = [*req.sources, stored.image]
+        if req.reference is not None and req.params.mode == "reference":
+            images.append(req.reference)
+        async with pipeline.admit(images):
             result = await pipeline.fuse(req.sources, stored.image, req.options, ctx,
                                          fmt=req.params.format, quality=req.params.quality,
                                          reference=req.reference, mapping=req.mapping,

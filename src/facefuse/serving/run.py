@@ -23,6 +23,7 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.runtime.manifest import Manifest
 from facefuse.serving.app import create_app
+from facefuse.serving.http_protocol import GuardedHttpProtocol
 from facefuse.serving.logs import configure_logging
 from facefuse.serving.security import ApiKeys
 
@@ -49,6 +50,9 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
     except (OSError, AttributeError):
         return False
 
+
+#: Seconds an idle keep-alive connection stays open (uvicorn's default is 5).
+KEEP_ALIVE_S = 75
 
 #: glibc's mallopt parameter number of M_ARENA_MAX.
 M_ARENA_MAX = -8
@@ -91,7 +95,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     config = SettingsConfig(
         settings, host=host, port=port, workers=workers, log_config=None, access_log=False,
         server_header=False, timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
-        lifespan="on",
+        lifespan="on", http=GuardedHttpProtocol,
+        # Idle keep-alive connections close after this (below nginx's upstream
+        # keepalive_timeout would race; see docs/operations.md, limits and budgets).
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     if workers > 1:
         Multiprocess(config, sockets=[config.bind_socket()]).run()

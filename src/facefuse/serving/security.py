@@ -19,7 +19,9 @@ the token's SHA-256. Tokens are RFC 6750 ``b64token`` characters
 Clients send ``Authorization: Bearer <token>``. Admin keys are valid on every route.
 
 * No key configured at all: authentication is off (the embedded default for
-  ``make serve`` on a laptop); every route, admin ones included, is open.
+  ``make serve`` on a laptop); the ``/v1`` API routes are open, but the admin routes
+  (model reload, cache purge) answer 403 ``forbidden`` unless
+  ``FACEFUSE_ADMIN_OPEN=true`` (local development only).
 * Any key configured: every protected route needs a valid key (401 ``unauthorized``
   otherwise); admin routes need an admin key (403 ``forbidden`` for a valid
   non-admin key, and for everyone when only FACEFUSE_API_KEYS is set).
@@ -142,6 +144,8 @@ class ApiKeys:
             if old is None or (key.admin and not old.admin):
                 by_digest[key.digest] = key
         self._keys = tuple(by_digest.values())
+        #: With no key at all, admin routes are open only when this is set.
+        self.admin_open = False
 
     @classmethod
     def from_env_value(cls, api_keys: str = "", admin_keys: str = "") -> ApiKeys:
@@ -197,9 +201,13 @@ class ApiKeys:
         Raises:
             UnauthorizedError: (401) no, malformed or unknown key. Answer with
                 ``WWW-Authenticate: Bearer``.
-            ForbiddenError: (403) a valid key that is not an admin key, on an admin route.
+            ForbiddenError: (403) a valid key that is not an admin key, on an admin route;
+                any admin request when no key is configured and ``admin_open`` is off.
         """
         if not self._keys:
+            if admin and not self.admin_open:
+                raise ForbiddenError("admin routes are closed: configure FACEFUSE_ADMIN_KEYS "
+                                     "(or FACEFUSE_ADMIN_OPEN=true for local development)")
             return None
         token = bearer_token(authorization)
         key = self.match(token)

@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from facefuse.config import Settings
 from facefuse.errors import ModelError
+from facefuse.serving.budget import MemoryBudget
 from facefuse.serving.cache.results import ResultCache
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.pipeline import Pipeline, RequestContext
@@ -73,6 +74,8 @@ class Services:
     keys: ApiKeys
     pipeline: Pipeline | None = None
     templates: TemplateStore | None = None
+    #: The memory budget that request bodies and decoded pixels reserve from.
+    budget: MemoryBudget | None = None
     #: True once shutdown began: /readyz answers 503, new /v1 requests are refused.
     draining: bool = False
     last_reload: ReloadStatus = field(default_factory=ReloadStatus)

@@ -1,8 +1,9 @@
 """Cache keys: what makes two requests the same.
 
 * L1 (analyses): :func:`analysis_key` — the SHA-256 of the decoded pixels
-  (:func:`pixels_sha256`, or an opt-in perceptual hash :func:`phash`) plus the model
-  versions and the analysis settings;
+  (:func:`pixels_sha256`) plus the model versions and the analysis settings. Only
+  exact content: an analysis holds identity embeddings, and two different images
+  however alike (a fused photo and its original) must never share them;
 * L2 (results): :func:`result_key` — the SHA-256 of the uploaded source and target
   *bytes* (a hit needs no decoding) plus the options and the model versions.
 """
@@ -14,10 +15,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import cv2
 import numpy as np
 
-__all__ = ["analysis_key", "hamming", "phash", "pixels_sha256", "result_key", "sha256_hex"]
+__all__ = ["analysis_key", "pixels_sha256", "result_key", "sha256_hex"]
 
 
 def sha256_hex(data: bytes | bytearray | memoryview) -> str:
@@ -83,8 +83,7 @@ def analysis_key(
 ) -> str:
     """The L1 key of one image's analysis (faces, meshes, embeddings).
 
-    ``image_digest`` is :func:`pixels_sha256` of the decoded image, or — only with
-    near-duplicate matching switched on — ``f"phash:{phash(image):016x}"``.
+    ``image_digest`` is :func:`pixels_sha256` of the decoded image.
     ``options`` holds analysis settings that change the faces (detector, thresholds).
     """
     doc = {
@@ -94,43 +93,3 @@ def analysis_key(
         "options": dict(options or {}),
     }
     return hashlib.sha256(_canonical(doc)).hexdigest()
-
-
-def phash(image: np.ndarray) -> int:
-    """64-bit DCT perceptual hash of an image (near-duplicates differ in few bits).
-
-    Args:
-        image: ``(H, W)`` gray or ``(H, W, 3)`` RGB, uint8 (any size >= 1x1).
-
-    Returns:
-        An int in ``[0, 2**64)``: bit ``i`` (row-major over the 8x8 lowest DCT
-        frequencies of the 32x32 grey thumbnail) is set when that coefficient is
-        above the median of the 63 non-DC ones.
-
-    WARNING — what a pHash may key: ONLY the analysis of ONE image (its faces,
-    meshes and embeddings, in L1, opt-in). Never a fused result, never anything that
-    is returned to a client as-is: two different photos can share a pHash (that is
-    its purpose — re-encoded or resized copies match), and a fused output served from
-    a pHash collision would hand one person a picture carrying another person's face.
-    Results are keyed by the exact SHA-256 of the uploaded bytes (:func:`result_key`).
-    """
-    if image.ndim == 3 and image.shape[2] == 3:
-        gray = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)
-    elif image.ndim == 2:
-        gray = image
-    else:
-        raise ValueError(f"phash expects (H, W) or (H, W, 3), got {image.shape}")
-    small = cv2.resize(gray.astype(np.float32), (32, 32), interpolation=cv2.INTER_AREA)
-    low = cv2.dct(small)[:8, :8].reshape(-1)
-    median = float(np.median(low[1:]))
-    bits = low > median
-    bits[0] = False  # the DC term (mean brightness) carries no structure
-    value = 0
-    for bit in bits:
-        value = (value << 1) | int(bit)
-    return value
-
-
-def hamming(a: int, b: int) -> int:
-    """Number of differing bits between two hashes (0..64 for :func:`phash`)."""
-    return (a ^ b).bit_count()
