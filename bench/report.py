@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from facefuse.toolchain import reporting
+from facefuse.toolchain.host import describe, describe_line
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -19,28 +18,8 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, core count, flags of interest, onnxruntime version."""
-    import onnxruntime as ort
-
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "fma")
-    try:
-        ncpu = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
-    except (OSError, ValueError):
-        ncpu = 0
-    return {
-        "cpu": model, "cores": ncpu, "flags": sorted(f for f in wanted if f in flags),
-        "python": platform.python_version(), "onnxruntime": ort.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    """CPU model, core count, flags of interest, Python and onnxruntime versions."""
+    return describe()
 
 
 def median_ms(fn: Callable[[], object], repeat: int, warmup: int = 2) -> float:
@@ -68,5 +47,5 @@ def write_section(name: str, markdown: str) -> None:
 
 
 def machine_line(m: dict[str, Any]) -> str:
-    return (f"Machine: {m['cpu']}, {m['cores']} cores ({', '.join(m['flags'])}), "
-            f"Python {m['python']}, onnxruntime {m['onnxruntime']}, {m['date']}.")
+    """One line naming the machine of ``m`` (see :func:`machine`)."""
+    return describe_line(m)

@@ -10,7 +10,8 @@ so generated clients send what the server accepts:
 * image parts: the format allow-list (``encoding.contentType`` for multipart, the
   description for base64), the byte, pixel and minimum-side limits, and the
   largest base64 string (``maxLength``);
-* the 408 of a too-slow upload, on every ``/v1`` operation.
+* the 408 of a too-slow upload, on every ``/v1`` operation;
+* the 404 of an unknown id, on every operation with a path parameter.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def _annotate(schema: dict[str, Any], settings: Settings, keys: ApiKeys) -> None
                 continue
             admin = "admin" in op.get("tags", ())
             responses = op.setdefault("responses", {})
+            if "{" in path:
+                responses.setdefault("404", _error("No such resource (an unknown id)"))
             if path.startswith("/v1/"):
                 responses.setdefault("408", _error("Upload too slow"))
                 if not keys.enabled:

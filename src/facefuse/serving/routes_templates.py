@@ -38,7 +38,7 @@ from facefuse.serving.routes import (
     require_key,
     within_deadline,
 )
-from facefuse.serving.schemas import FuseParams, _Params, image_request_body
+from facefuse.serving.schemas import ErrorBody, FuseParams, _Params, image_request_body
 from facefuse.serving.state import services
 from facefuse.serving.templates import Template, template_id
 
@@ -51,8 +51,10 @@ MAX_METADATA_VALUE = 256
 
 api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)], responses=_ERRORS,
                 tags=["templates"])
-admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)], responses=_ERRORS,
-                  tags=["templates"])
+admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)],
+                  responses={**_ERRORS, 507: {"model": ErrorBody,
+                                              "description": "Template store full"}},
+                  tags=["templates", "admin"])
 
 
 class TemplateParams(_Params):

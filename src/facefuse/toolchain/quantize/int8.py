@@ -33,6 +33,8 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
+from facefuse.toolchain.host import cpu_flags, cpu_model
+
 log = logging.getLogger(__name__)
 
 
@@ -70,40 +72,6 @@ METHODS: dict[str, CalibrationMethod] = {
     "percentile": CalibrationMethod.Percentile,
     "entropy": CalibrationMethod.Entropy,
 }
-
-#: Processor features that decide which integer kernels ONNX Runtime uses.
-INTERESTING_FLAGS = (
-    "sse4_1", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-    "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16", "amx_tile",
-    "asimd", "asimddp", "i8mm", "sve",
-)
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
-    """The :data:`INTERESTING_FLAGS` this processor reports (Linux ``/proc/cpuinfo``)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return []
-    flags: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return [f for f in INTERESTING_FLAGS if f in flags]
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The processor's model name (``/proc/cpuinfo``), else :func:`platform.processor`."""
-    try:
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def has_dot_product(flags: list[str]) -> bool:
     """True when the processor has int8 dot-product instructions (VNNI / ARM dot)."""

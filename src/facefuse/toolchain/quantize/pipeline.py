@@ -24,7 +24,6 @@ import datetime as dt
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +37,7 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.detector import FaceDetector
 from facefuse.runtime.manifest import Manifest, ModelSpec
 from facefuse.runtime.registry import ModelRegistry
+from facefuse.toolchain.host import describe_line
 from facefuse.toolchain.quantize.bench import analysis_latency, compare_latency, load_rss
 from facefuse.toolchain.quantize.calibration import (
     MODEL_TASKS,
@@ -208,14 +208,6 @@ def _load_average() -> list[float] | None:
         return [round(v, 2) for v in os.getloadavg()]
     except OSError:
         return None
-
-
-def _machine_description() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False)
-        return "\n".join(out.stdout.splitlines()[:20])
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 @dataclass
@@ -516,7 +508,7 @@ class Quantizer:
             "models": {},
             "quantizer": QUANTIZER_VERSION,
             "load_average_start": _load_average(),
-            "machine": _machine_description(),
+            "machine": describe_line(),
         }
 
     def _judge_int8(self, name: str, spec: ModelSpec, entry: dict[str, Any], cal: StageData,
