@@ -12,6 +12,7 @@ export FACEFUSE_HOME ?= $(HOME)/.cache/facefuse
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: install models samples setup demo serve test lint bench bench-serve quantize clean system-deps \
+	bench-gpu-deps gpu-check-cpu gpu-wheels \
 	deploy-tools image image-naive
 
 $(PY):
@@ -65,18 +66,41 @@ image: setup system-deps
 image-naive: setup system-deps
 	$(PY) bench/image_size.py --benchmarks
 
+# ruff, mypy --strict (the package, then the tests: each test folder imports its
+# helper modules by bare name, as pytest does, so each is checked from inside it),
+# and the import-linter layer contract in pyproject.toml.
+MYPY_TESTS = ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/hadolint deploy/Dockerfile deploy/Dockerfile.gpu
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy tests/conftest.py
+	cd tests/unit && $(MYPY_TESTS) --cache-dir ../../.mypy_cache/unit .
+	cd tests/integration && $(MYPY_TESTS) --cache-dir ../../.mypy_cache/integration .
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) bench/analyse.py
+	$(PY) bench/detect.py
 	$(PY) bench/fuse.py
 	$(PY) bench/fuse_quality.py
 
 bench-serve: setup
 	$(PY) bench/serve.py
+
+# bench/gpu_check.py's own dependencies (never the product's): PyTorch, and onnx2torch
+# without its torchvision requirement (only its NMS/RoIAlign converters use it).
+bench-gpu-deps: install
+	$(PIP) install -q -e '.[bench]'
+	$(PIP) install -q --no-deps onnx2torch==1.5.15
+
+# The GPU check end to end on this machine's CPU, small (see docs/gpu.md for the GPU run).
+gpu-check-cpu: setup bench-gpu-deps
+	$(PY) bench/gpu_check.py --device cpu --iters 2 --batches 1,8 --sizes 1024 --per-photo 1
+
+# The wheels to carry to a GPU machine that has PyTorch but no registry (see docs/gpu.md).
+gpu-wheels:
+	$(PIP) download -q --no-deps -d .whl onnx2torch==1.5.15
 
 quantize: setup
 	$(VENV)/bin/facefuse models quantize --benchmarks BENCHMARKS.md

@@ -23,16 +23,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
+from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.imaging.decode import decode_image
-from facefuse.samples import SAMPLES, fetch_samples, identity_of
-from facefuse.sources import DLIB_MODELS, materialise
+from facefuse.toolchain.samples import SAMPLES, fetch_samples, identity_of
+from facefuse.toolchain.sources import DLIB_MODELS, materialise
 from report import machine, machine_line, median_ms, write_json, write_section
 
 
 def ours(images: dict[str, np.ndarray], threads: int, repeat: int) -> dict[str, Any]:
     settings = Settings.from_env(threads=threads)
     an = FaceAnalyser(settings)
+    rec = an.models.recognizer
     rows: dict[str, dict[str, float]] = {}
     embeddings: dict[str, np.ndarray] = {}
     for name, rgb in images.items():
@@ -40,11 +42,11 @@ def ours(images: dict[str, np.ndarray], threads: int, repeat: int) -> dict[str, 
         faces = an.analyse(rgb)
         embeddings[name] = faces[0].embedding_raw  # type: ignore[assignment]
         face = faces[0]
-        chips = an.chips(rgb, [face])
+        chips = stages.chips(rgb, [face])
         rows[name] = {
             "detect": median_ms(lambda rgb=rgb: an.detect(rgb), repeat),
-            "mesh": median_ms(lambda rgb=rgb, d=dets[0]: an.mesh.landmarks(rgb, d), repeat),
-            "embed": median_ms(lambda c=chips: an.recognizer.embed_chips(c), repeat),
+            "mesh": median_ms(lambda rgb=rgb, d=dets[0]: an.face_from_detection(rgb, d), repeat),
+            "embed": median_ms(lambda c=chips: rec.embed_chips(c), repeat),
             "total": median_ms(lambda rgb=rgb: an.analyse(rgb), repeat),
         }
     return {"per_image": rows, "embeddings": embeddings}

@@ -6,13 +6,18 @@ without evaluation) and of the whole ``fuse()`` (decode of arrays, analysis of
 source and target, fusion; evaluation off), over several source→target pairs.
 
     .venv/bin/python bench/fuse.py [--repeat 5]
+    .venv/bin/python bench/fuse.py --masks [--repeat 9]
 
-Writes bench/results/fuse.json and the "fuse" section of BENCHMARKS.md.
+Writes bench/results/fuse.json and the "fuse" section of BENCHMARKS.md. With
+``--masks``: only the fusion stage at 1024 px, without and with relighting and
+the occluder masks, interleaved pair by pair so both see the same machine load;
+writes bench/results/fuse_masks.json and the "fuse-masks" section.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -24,10 +29,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.errors import FacefuseError
-from facefuse.fusion.engine import FaceFuser, check_usable
+from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.select import check_usable
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
-from facefuse.samples import fetch_samples
+from facefuse.toolchain.samples import fetch_samples
+from facefuse.toolchain.trials import AFTER, BEFORE
 from report import machine, machine_line, median_ms, write_json, write_section
 
 SIZES = (512, 1024, 2048, 4096)
@@ -41,10 +48,62 @@ def resize_long(img: np.ndarray, long_side: int) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
+def compare_masks(repeat: int) -> None:
+    """Fusion stage at 1024 px: the engine without relighting and occluder masks
+    against the defaults, 1 and 2 threads, interleaved."""
+    base = Settings.from_env()
+    paths = fetch_samples(base.samples_dir, base.downloads_dir)
+    images = {n: decode_image(p) for n, p in paths.items()}
+    settings = {"before": dataclasses.replace(BEFORE, evaluate=False),
+                "after": dataclasses.replace(AFTER, evaluate=False)}
+    rows: dict[str, Any] = {}
+    for threads in (1, 2):
+        cv2.setNumThreads(threads)
+        fuser = FaceFuser(base.replace(threads=threads))
+        an = fuser.analyser
+        per: dict[str, list[float]] = {k: [] for k in settings}
+        for s, t in PAIRS:
+            src, tgt = images[s], resize_long(images[t], 1024)
+            sf, tf = an.analyse(src)[0], an.analyse(tgt)
+            for name, opts in settings.items():
+                per[name].append(median_ms(
+                    lambda fz=fuser, src=src, sf=sf, tgt=tgt, tf=tf, o=opts: fz.fuse_faces(
+                        src, sf, tgt, tf, [0], o), repeat))
+        rows[f"{threads}t"] = {"threads": threads, **{k: statistics.median(v)
+                                                       for k, v in per.items()},
+                               "per_pair": per}
+        print(rows[f"{threads}t"])
+    m = machine()
+    write_json("fuse_masks", {"machine": m, "repeat": repeat, "pairs": PAIRS, "rows": rows})
+    lines = [
+        "## Fusion stage with relighting and occluder masks (`bench/fuse.py --masks`)", "",
+        machine_line(m),
+        f"Command: `.venv/bin/python bench/fuse.py --masks --repeat {repeat}`. Fusion stage "
+        "only (`FaceFuser.fuse_faces`, evaluation off), targets at 1024 px long side, median "
+        f"over the pairs {', '.join(f'{s}→{t}' for s, t in PAIRS)} of each pair's median; "
+        "before = `relight`, `reject_source_occluders`, `keep_target_occluders` off, after = "
+        "the defaults, timed pair by pair in the same run (on a shared machine the absolute "
+        "figures move from run to run; the ratio is the figure to read).",
+        "",
+        "| threads | before (ms) | after (ms) | after / before |",
+        "|---:|---:|---:|---:|",
+    ]
+    for r in rows.values():
+        lines.append(f"| {r['threads']} | {r['before']:.1f} | {r['after']:.1f} | "
+                     f"{r['after'] / r['before']:.2f} |")
+    write_section("fuse-masks", "\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--masks", action="store_true",
+                    help="only compare the fusion stage without and with the masks")
     args = ap.parse_args()
+    if args.masks:
+        compare_masks(args.repeat)
+        return
     base = Settings.from_env()
     paths = fetch_samples(base.samples_dir, base.downloads_dir)
     images = {n: decode_image(p) for n, p in paths.items()}

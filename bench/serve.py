@@ -53,7 +53,7 @@ from PIL import Image, ImageEnhance
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.imaging.decode import decode_image
-from facefuse.samples import fetch_samples
+from facefuse.toolchain.samples import fetch_samples
 from report import RESULTS, machine, machine_line, write_json, write_section
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: analyse every sample photo (annotated PNGs) and fuse sample pairs both
-# ways (outputs, JSON reports and contact sheets at degrees 0/50/100), all under ./out/.
+# ways (outputs, JSON reports and contact sheets at degrees 0/50/100 and at 100 without
+# relighting and occluder masks, for before/after), all under ./out/.
 set -euo pipefail
 FF=.venv/bin/facefuse
 S="$FACEFUSE_HOME/samples"

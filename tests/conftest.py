@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from facefuse.config import Settings
-from facefuse.models.registry import ModelRegistry
+from facefuse.faces.analyser import FaceAnalyser
+from facefuse.fusion.engine import FaceFuser
+from facefuse.runtime.registry import ModelRegistry
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +27,7 @@ def settings() -> Settings:
 @pytest.fixture(scope="session")
 def sample_paths(settings: Settings) -> dict[str, Path]:
     """name -> path for obama, obama2, obama3, biden, astronaut."""
-    from facefuse.samples import fetch_samples
+    from facefuse.toolchain.samples import fetch_samples
 
     return fetch_samples(settings.samples_dir, settings.downloads_dir)
 
@@ -40,7 +42,7 @@ def sample_images(sample_paths: dict[str, Path]) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="session")
 def model_dir(settings: Settings) -> Path:
-    from facefuse.models.build.zoo import build_zoo
+    from facefuse.toolchain.build.zoo import build_zoo
 
     build_zoo(settings)
     return settings.model_dir
@@ -52,7 +54,10 @@ def registry(settings: Settings, model_dir: Path) -> ModelRegistry:
 
 
 @pytest.fixture(scope="session")
-def analyser(settings: Settings, registry: ModelRegistry):  # type: ignore[no-untyped-def]
-    from facefuse.faces.analyser import FaceAnalyser
-
+def analyser(settings: Settings, registry: ModelRegistry) -> FaceAnalyser:
     return FaceAnalyser(settings, registry)
+
+
+@pytest.fixture(scope="session")
+def fuser(settings: Settings, analyser: FaceAnalyser) -> FaceFuser:
+    return FaceFuser(settings, analyser)

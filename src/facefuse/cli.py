@@ -28,7 +28,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_models_build(args: argparse.Namespace) -> int:
-    from facefuse.models.build.zoo import build_zoo
+    from facefuse.toolchain.build.zoo import build_zoo
 
     settings = _settings(args)
     manifest = build_zoo(settings, only=args.only or None, force=args.force)
@@ -37,8 +37,8 @@ def cmd_models_build(args: argparse.Namespace) -> int:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
-    from facefuse.models.manifest import Manifest
-    from facefuse.models.registry import choose_variant
+    from facefuse.runtime.manifest import Manifest
+    from facefuse.runtime.registry import choose_variant
 
     settings = _settings(args)
     manifest = Manifest.load(settings.model_dir)
@@ -65,7 +65,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_models_verify(args: argparse.Namespace) -> int:
-    from facefuse.models.manifest import Manifest, verify_file
+    from facefuse.runtime.manifest import Manifest, verify_file
 
     settings = _settings(args)
     manifest = Manifest.load(settings.model_dir)
@@ -84,14 +84,13 @@ def cmd_models_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_models_quantize(args: argparse.Namespace) -> int:
-    from facefuse.models.quantize import DEFAULT_MODELS, QuantizeOptions, quantize_models
+    from facefuse.toolchain.quantize import DEFAULT_MODELS, QuantizeOptions, quantize_models
 
-    bench = Path(args.benchmarks) if args.benchmarks else Path("BENCHMARKS.md")
     options = QuantizeOptions(
         models=tuple(args.models or DEFAULT_MODELS), fmt=args.format,
         calibration=args.calibration, fp16=args.fp16, benchmark=not args.no_bench,
         report_dir=Path(args.report_dir) if args.report_dir else None,
-        benchmarks=bench if args.benchmarks or bench.is_file() else None,
+        benchmarks=Path(args.benchmarks) if args.benchmarks else None,
         command="facefuse " + " ".join(sys.argv[1:]))
     outcome = quantize_models(_settings(args), options)
     for line in [f"registered {n}" for n in outcome.registered] + [
@@ -102,7 +101,7 @@ def cmd_models_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_samples(args: argparse.Namespace) -> int:
-    from facefuse.samples import fetch_samples
+    from facefuse.toolchain.samples import fetch_samples
 
     settings = _settings(args)
     paths = fetch_samples(settings.samples_dir, settings.downloads_dir)
@@ -120,7 +119,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     timer = StageTimer()
     faces = analyser.analyse(rgb, attributes=args.attributes, timer=timer)
     if args.annotate:
-        from facefuse.imaging.annotate import draw_faces
+        from facefuse.faces.draw import draw_faces
         from facefuse.imaging.encode import encode_image
 
         Path(args.annotate).parent.mkdir(parents=True, exist_ok=True)
@@ -153,6 +152,8 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     options = FuseOptions(
         degree=args.degree, shape=args.shape, texture=args.texture, mode=args.mode,
         target_face_index=args.target_face_index, blend=args.blend, swapper=args.swapper,
+        relight=args.relight, reject_source_occluders=args.source_occluders,
+        keep_target_occluders=args.target_occluders,
     )
     sources = [Path(p) for p in args.source]
     result = fuser.fuse(sources, Path(args.target), options,
@@ -176,13 +177,17 @@ def cmd_fuse(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from facefuse.serving.app import serve
+    from facefuse.serving.run import serve
 
-    return serve(args.host, args.port, args.workers, models_dir=args.models_dir,
-                 threads=args.threads, log_level="debug" if args.verbose else "info")
+    settings = _settings(args)
+    if args.verbose:
+        settings = settings.replace(log_level="debug")
+    return serve(settings, args.host, args.port, args.workers)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one flat declaration of every subcommand and its options
+    (long, but a list, so it reads best in one place)."""
     p = argparse.ArgumentParser(prog="facefuse", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log progress")
     sub = p.add_subparsers(dest="command", required=True)
@@ -216,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--fp16", action="store_true", help="also make FP16 variants (for GPUs)")
     q.add_argument("--report-dir", help="where quantization.json/.md go "
                    "(default $FACEFUSE_HOME/reports)")
-    q.add_argument("--benchmarks", help="BENCHMARKS.md to update (default ./BENCHMARKS.md "
-                   "when it exists)")
+    q.add_argument("--benchmarks", help="a BENCHMARKS.md whose quantization section to "
+                   "rewrite (default: none)")
     q.add_argument("--no-bench", action="store_true", help="skip the timing/RSS measurements")
     q.set_defaults(func=cmd_models_quantize)
 
@@ -246,10 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--reference", help="image of the target person to replace (mode reference)")
     f.add_argument("--blend", choices=["multiband", "poisson", "alpha"], default="multiband")
     f.add_argument("--swapper", default="classic", help="classic or a registered ONNX swapper")
+    f.add_argument("--no-relight", dest="relight", action="store_false",
+                   help="do not relight the source face with the target's lighting")
+    f.add_argument("--no-source-occluders", dest="source_occluders", action="store_false",
+                   help="take the source's pixels even where something covers its face")
+    f.add_argument("--no-target-occluders", dest="target_occluders", action="store_false",
+                   help="paint over whatever covers the target's face")
     f.add_argument("--quality", type=int, default=92, help="JPEG/WebP quality")
     f.add_argument("--report", metavar="JSON", help="write the quality/timing report")
     f.add_argument("--contact-sheet", metavar="PNG",
-                   help="write source, target and outputs at degrees 0/50/100")
+                   help="write source, target, outputs at degrees 0/50/100 and at 100 "
+                        "without relighting and occluder masks")
     f.set_defaults(func=cmd_fuse)
 
     sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")

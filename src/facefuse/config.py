@@ -1,7 +1,9 @@
 """One ``Settings`` object for the whole project, read from ``FACEFUSE_*`` env.
 
 Settings are passed down explicitly; nothing reads the environment after
-:meth:`Settings.from_env` has run.
+:meth:`Settings.from_env` has run (the server's API keys and log level included).
+Every Settings is validated when it is made (:meth:`Settings.validate`), so an
+out-of-range value fails at the boundary with a typed error naming it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from facefuse.errors import InvalidArgumentError
 
@@ -33,17 +35,31 @@ class Settings:
     models_dir: Path | None = None
     #: ONNX Runtime intra-op threads per session (0 = ORT decides).
     threads: int = 1
-    #: Execution providers in order of preference, e.g. ``("cuda", "cpu")``.
+    #: Execution providers in order of preference: ``tensorrt``, ``cuda``, ``cpu``
+    #: (e.g. ``FACEFUSE_PROVIDERS=tensorrt,cuda,cpu``); unavailable ones are skipped
+    #: with a logged reason, shown per model in ``GET /v1/models``.
     providers: tuple[str, ...] = ("cpu",)
+    #: ``auto``: FP16 variants on a GPU provider, INT8 on the CPU, when they exist.
     precision: Precision = "auto"
+    #: Model batches through ORT's IO binding: ``auto`` (on for GPU sessions), ``on``, ``off``.
+    io_binding: Literal["auto", "on", "off"] = "auto"
+    #: Where the fusion pixel stages run: ``opencv``, ``onnx`` (ORT graphs on the
+    #: session providers) or ``auto`` (``onnx`` on a GPU provider, else ``opencv``).
+    pixel_backend: Literal["auto", "opencv", "onnx"] = "auto"
     #: ONNX Runtime's CPU memory arena: on is faster to allocate; off returns a
     #: batch's activations after each call (lower peak RSS under micro-batching).
     ort_cpu_arena: bool = True
     #: Directory where ORT writes optimised graphs / TensorRT engines (None: off).
     optimized_cache: Path | None = None
-    #: ``full`` (BlazeFace full-range, any distance) or ``short`` (selfies).
-    detector: Literal["full", "short"] = "full"
+    #: ``full`` (BlazeFace full-range, any distance), ``short`` (selfies) or
+    #: ``yunet`` (libfacedetection's YuNet; see docs/models.md for the comparison).
+    detector: Literal["full", "short", "yunet"] = "full"
+    #: When an image has no face upright, try it turned 90°, 270° and 180°.
+    det_rotations: bool = True
     det_score_threshold: float = 0.5
+    #: YuNet's minimum score (its scores run higher than BlazeFace's: at 0.8 it
+    #: reports nothing on the face-free and synthetic sets of bench/detect.py).
+    det_yunet_score_threshold: float = 0.8
     det_nms_iou: float = 0.3
     #: Images whose long side exceeds this are also scanned in tiles, in pixels.
     det_tile_above: int = 1280
@@ -78,6 +94,10 @@ class Settings:
     #: see BENCHMARKS.md). On a GPU, 5-20 ms fills batches that cost ~one item.
     max_batch_size: int = 8
     max_queue_delay_ms: float = 0.0
+    #: The same two knobs when the models run on a GPU provider (a batch costs about
+    #: one item there, so a short wait that fills it pays). Not yet measured on a GPU.
+    gpu_max_batch_size: int = 32
+    gpu_max_queue_delay_ms: float = 5.0
     #: Items waiting per model queue; beyond it requests get 503 + Retry-After.
     max_queue_size: int = 64
     #: Switch micro-batching off for every route (batch of one, no queue delay).
@@ -106,6 +126,16 @@ class Settings:
     retry_after_s: int = 1
     #: TEST ONLY: sleep this long in every model batch (makes queues fill up).
     debug_batch_delay_ms: float = 0.0
+    #: Level of the service's JSON logs: ``debug`` also logs probe and metrics requests.
+    log_level: str = "info"
+    #: API keys, ``[label:]token`` entries separated by commas or whitespace (format in
+    #: :mod:`facefuse.serving.security`); no keys at all: authentication off.
+    api_keys: str = field(default="", repr=False)
+    #: Keys that may also call the admin routes.
+    admin_keys: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     @property
     def model_dir(self) -> Path:
@@ -140,27 +170,70 @@ class Settings:
             except ValueError as exc:
                 raise InvalidArgumentError(f"{key}={raw!r}: {exc}") from exc
         values.update(overrides)
-        settings = cls(**values)
-        settings.validate()
-        return settings
+        return cls(**values)
 
     def validate(self) -> None:
-        """Raise :class:`InvalidArgumentError` on out-of-range values."""
-        if self.precision not in ("auto", "fp32", "int8", "fp16"):
-            raise InvalidArgumentError(
-                f"precision must be auto|fp32|int8|fp16, not {self.precision!r}")
-        if self.detector not in ("full", "short"):
-            raise InvalidArgumentError(f"detector must be full|short, not {self.detector!r}")
-        if not 0.0 < self.det_score_threshold < 1.0:
-            raise InvalidArgumentError("det_score_threshold must be in (0, 1)")
-        if self.threads < 0:
-            raise InvalidArgumentError("threads must be >= 0")
-        if self.max_pixels <= 0 or self.max_bytes <= 0:
-            raise InvalidArgumentError("max_pixels and max_bytes must be positive")
+        """Raise :class:`InvalidArgumentError` on the first out-of-range value."""
+        for ok, message in self._checks():
+            if not ok:
+                raise InvalidArgumentError(f"settings: {message}")
 
+    def _checks(self) -> list[tuple[bool, str]]:
+        """(holds, what must hold) for every constraint on the fields."""
+        s = self
+        return [
+            (s.precision in ("auto", "fp32", "int8", "fp16"),
+             f"precision must be auto|fp32|int8|fp16, not {s.precision!r}"),
+            (all(p in PROVIDER_NAMES or p in PROVIDER_NAMES.values() for p in s.providers),
+             f"unknown execution provider in {','.join(s.providers)}; use tensorrt, cuda or cpu"),
+            (s.io_binding in ("auto", "on", "off"),
+             f"io_binding must be auto|on|off, not {s.io_binding!r}"),
+            (s.pixel_backend in ("auto", "opencv", "onnx"),
+             f"pixel_backend must be auto|opencv|onnx, not {s.pixel_backend!r}"),
+            (s.detector in ("full", "short", "yunet"),
+             f"detector must be full|short|yunet, not {s.detector!r}"),
+            (0.0 < s.det_score_threshold < 1.0, "det_score_threshold must be in (0, 1)"),
+            (0.0 < s.det_yunet_score_threshold < 1.0,
+             "det_yunet_score_threshold must be in (0, 1)"),
+            (0.0 < s.det_nms_iou < 1.0, "det_nms_iou must be in (0, 1)"),
+            (s.det_tile_above >= 64, "det_tile_above must be at least 64 pixels"),
+            (s.threads >= 0, "threads must be >= 0"),
+            (s.max_pixels > 0 and s.max_bytes > 0, "max_pixels and max_bytes must be positive"),
+            (s.min_side >= 1, "min_side must be >= 1"),
+            (s.log_level in LOG_LEVELS, f"log_level must be one of {'|'.join(LOG_LEVELS)}"),
+            (s.max_batch_size >= 1, "max_batch_size must be >= 1"),
+            (s.max_queue_delay_ms >= 0, "max_queue_delay_ms must be >= 0"),
+            (s.max_queue_size >= 1, "max_queue_size must be >= 1"),
+            (s.gpu_max_batch_size >= 1, "gpu_max_batch_size must be >= 1"),
+            (s.gpu_max_queue_delay_ms >= 0, "gpu_max_queue_delay_ms must be >= 0"),
+            (s.max_inflight >= 1 and s.max_active >= 1, "max_inflight and max_active >= 1"),
+            (s.request_timeout_s > 0, "request_timeout_s must be > 0"),
+            (s.inference_workers >= 1 and s.cpu_workers >= 1,
+             "inference_workers and cpu_workers must be >= 1"),
+            (s.max_body_bytes > 0, "max_body_bytes must be > 0"),
+            (s.l1_cache_bytes >= 0 and s.l2_cache_bytes >= 0, "cache sizes must be >= 0"),
+            (s.redis_ttl_s > 0 and s.redis_timeout_s > 0, "redis_ttl_s and redis_timeout_s > 0"),
+            (s.shutdown_grace_s >= 0 and s.reload_poll_s >= 0, "grace and poll must be >= 0"),
+            (s.retry_after_s >= 1, "retry_after_s must be >= 1"),
+            (s.debug_batch_delay_ms >= 0, "debug_batch_delay_ms must be >= 0"),
+            (not s.redis_url or s.redis_url.startswith(("redis://", "rediss://", "unix://")),
+             "redis_url must start with redis://, rediss:// or unix://"),
+        ]
+
+
+#: Short names accepted in ``FACEFUSE_PROVIDERS`` → ONNX Runtime provider names.
+PROVIDER_NAMES: Final[Mapping[str, str]] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+}
+
+#: Log levels the service accepts (Python's, lower case).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 #: String fields that are keywords, so case does not matter.
-_ENUM_FIELDS = frozenset({"precision", "detector"})
+_ENUM_FIELDS = frozenset({"precision", "detector", "log_level", "io_binding", "pixel_backend"})
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

@@ -14,15 +14,16 @@ import pytest
 import redis
 
 from facefuse.errors import CacheUnavailableError
-from facefuse.serving.cache import NAMESPACE, CachedResult, RedisResultCache, sha256_hex
+from facefuse.serving.cache.keys import sha256_hex
+from facefuse.serving.cache.results import NAMESPACE, CachedResult, RedisResultCache
 
 if TYPE_CHECKING:
     from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.anyio
 
-LOGGER = "facefuse.serving.cache"
-VALUE = CachedResult("image/png", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8)
+LOGGER = "facefuse.serving.cache.results"
+VALUE = CachedResult(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, "image/png", 0.734512)
 
 
 @pytest.fixture
@@ -52,12 +53,18 @@ async def test_two_instances_share_entries(redis_server: RedisServer) -> None:
         await reader.close()
 
 
-async def test_oversized_and_malformed_values_are_not_stored(redis_server: RedisServer) -> None:
+async def test_oversized_values_are_not_stored_and_foreign_ones_are_misses(
+        redis_server: RedisServer) -> None:
     cache = RedisResultCache(redis_server.url, max_item_bytes=100)
     try:
-        assert not await cache.put(key(2), CachedResult("image/png", b"x" * 101))
-        assert not await cache.put(key(3), CachedResult("image/png\nx", b"x"))
+        assert not await cache.put(key(2), CachedResult(b"x" * 101, "image/png"))
         assert await cache.get(key(2)) is None
+        # A value in our namespace that this version did not write reads as a miss.
+        direct = redis.Redis.from_url(redis_server.url)
+        for junk in (b"image/png\n\x89PNG", b'{"media_type": 3}\nx', b'{"media_type":"a","similarity":"x"}\n'):
+            direct.set(NAMESPACE + key(3), junk)
+            assert await cache.get(key(3)) is None
+        direct.close()
         assert cache.healthy
     finally:
         await cache.close()

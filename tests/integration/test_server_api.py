@@ -15,9 +15,11 @@ import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
+import onnxruntime as ort
 import pytest
 from PIL import Image
 from server_harness import (
@@ -45,6 +47,10 @@ def server(
         "FACEFUSE_MAX_BODY_BYTES": str(BODY_LIMIT),
         # A longer wait for company than the default, so 8 clients surely share batches.
         "FACEFUSE_MAX_QUEUE_DELAY_MS": "20",
+        # A GPU-first provider list on a CPU host: every model falls back, batches run
+        # through IO binding, and the API must answer exactly as on the defaults.
+        "FACEFUSE_PROVIDERS": "tensorrt,cuda,cpu",
+        "FACEFUSE_IO_BINDING": "on",
     }, name="api")
     proc.start()
     yield proc
@@ -184,6 +190,8 @@ def test_models_lists_versions_and_providers(client: httpx.Client) -> None:
     for m in models.values():
         assert len(m["sha256"]) == 64 and m["sha256"].startswith(m["version"])
         assert m["provider"] == "CPUExecutionProvider"
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            assert any("CUDAExecutionProvider" in r for r in m["fallbacks"]), m
 
 
 # --- batching -----------------------------------------------------------------------------
@@ -273,7 +281,7 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
     good = photos["biden"]
     source: bytes | None = photos["obama"]
     data: dict[str, str] = {}
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, Any] = {}
     if case == "zero_bytes":
         source = b""
     elif case == "truncated_jpeg":
@@ -335,7 +343,7 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
     if source is not None:
         files["source"] = ("s.jpg", source, "image/jpeg")
     kwargs["files"] = files
-    r = client.post("/v1/fuse", data=data, **kwargs)  # type: ignore[arg-type]
+    r = client.post("/v1/fuse", data=data, **kwargs)
     assert (r.status_code, error_of(r)) == (status, code), r.text
 
 
@@ -389,6 +397,7 @@ def test_zz_server_is_healthy_and_counted_no_500(
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.json()["checks"]["l2"] == "memory"  # no Redis configured
     r = client.post("/v1/faces", files={"image": ("a.jpg", photos["obama3"])})
     assert r.status_code == 200 and len(r.json()["faces"]) >= 1
     text = client.get("/metrics").text

@@ -51,7 +51,8 @@ def test_l2_is_shared_across_processes_and_survives_a_redis_outage(
     src, tgt, src2, tgt2 = photo_variants(sample_images, 4, seed=7)
     with a.client() as ca, b.client() as cb:
         for c in (ca, cb):
-            assert c.get("/readyz").json()["status"] == "ready"
+            ready = c.get("/readyz").json()
+            assert (ready["status"], ready["checks"]["l2"]) == ("ready", "redis")
 
         # Computed by A, served from Redis by B (which never saw these images).
         first = fuse(ca, src, tgt)
@@ -75,7 +76,8 @@ def test_l2_is_shared_across_processes_and_survives_a_redis_outage(
         # Redis is back (empty): ready again, and results are shared again.
         redis_server.start()
         for c in (ca, cb):
-            assert c.get("/readyz").json()["status"] == "ready"
+            ready = c.get("/readyz").json()
+            assert (ready["status"], ready["checks"]["l2"]) == ("ready", "redis")
         again = fuse(cb, src2, tgt2, degree=55)
         assert again.headers["x-facefuse-cache"] == "miss"
         shared = fuse(ca, src2, tgt2, degree=55)

@@ -23,7 +23,7 @@ import pytest
 from server_harness import GRACEFUL_EXIT, ServerProcess, photo_variants
 
 from facefuse.config import Settings
-from facefuse.models.manifest import MANIFEST_NAME, Manifest
+from facefuse.runtime.manifest import MANIFEST_NAME, Manifest
 
 MODEL = "dlib_resnet"
 

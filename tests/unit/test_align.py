@@ -30,7 +30,7 @@ from facefuse.faces.align import (
     warp_chip,
 )
 from facefuse.faces.types import MESH_FIVE_POINTS
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 
 SAMPLES = ("obama", "obama2", "obama3", "biden", "astronaut")
 

@@ -15,13 +15,13 @@ from facefuse.cli import main as cli_main
 from facefuse.config import Settings
 from facefuse.errors import ModelCorruptError, ModelMissingError
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.models.build.zoo import ZOO
-from facefuse.models.manifest import Manifest
-from facefuse.models.registry import ModelRegistry
-from facefuse.samples import SAMPLES, identity_of
+from facefuse.runtime.manifest import Manifest
+from facefuse.runtime.registry import ModelRegistry
+from facefuse.toolchain.build.zoo import ZOO
+from facefuse.toolchain.samples import SAMPLES, identity_of
 
 
-def test_analyse_accepts_array_path_and_bytes(analyser: FaceAnalyser, sample_paths) -> None:  # type: ignore[no-untyped-def]
+def test_analyse_accepts_array_path_and_bytes(analyser: FaceAnalyser, sample_paths: dict[str, Path]) -> None:
     path = sample_paths["obama"]
     from_path = analyser.analyse(path)
     from_bytes = analyser.analyse(path.read_bytes())
@@ -34,12 +34,18 @@ def test_analyse_accepts_array_path_and_bytes(analyser: FaceAnalyser, sample_pat
         assert f.embedding is not None and f.embedding.shape == (128,)
         assert abs(float(np.linalg.norm(f.embedding)) - 1.0) < 1e-5
         assert f.chip_transform is not None and f.chip_transform.shape == (2, 3)
-    assert np.allclose(from_path[0].embedding, from_bytes[0].embedding)
+    a, b = from_path[0].embedding, from_bytes[0].embedding
+    assert a is not None and b is not None and np.allclose(a, b)
 
 
-def test_identity_distances_separate_people(analyser: FaceAnalyser, sample_images, settings) -> None:  # type: ignore[no-untyped-def]
-    raw = {n: analyser.analyse(img)[0].embedding_raw for n, img in sample_images.items()}
-    same, different = [], []
+def test_identity_distances_separate_people(analyser: FaceAnalyser, sample_images: dict[str, np.ndarray], settings: Settings) -> None:
+    raw: dict[str, np.ndarray] = {}
+    for n, img in sample_images.items():
+        vector = analyser.analyse(img)[0].embedding_raw
+        assert vector is not None
+        raw[n] = vector
+    same: list[float] = []
+    different: list[float] = []
     for a, b in itertools.combinations(SAMPLES, 2):
         d = float(np.linalg.norm(raw[a] - raw[b]))
         (same if identity_of(a) == identity_of(b) else different).append(d)
@@ -47,7 +53,7 @@ def test_identity_distances_separate_people(analyser: FaceAnalyser, sample_image
     assert max(same) < settings.same_person_distance < min(different)
 
 
-def test_attributes_are_plausible(analyser: FaceAnalyser, sample_images) -> None:  # type: ignore[no-untyped-def]
+def test_attributes_are_plausible(analyser: FaceAnalyser, sample_images: dict[str, np.ndarray]) -> None:
     faces = {n: analyser.analyse(img, attributes=True)[0] for n, img in sample_images.items()}
     assert faces["astronaut"].gender == "female"
     assert faces["obama"].gender == "male" and faces["biden"].gender == "male"
@@ -55,7 +61,7 @@ def test_attributes_are_plausible(analyser: FaceAnalyser, sample_images) -> None
         assert f.age is not None and 20 < f.age < 90
 
 
-def test_manifest_records_what_the_issue_asks(model_dir: Path) -> None:
+def test_manifest_records_file_hash_io_source_and_licence(model_dir: Path) -> None:
     manifest = Manifest.load(model_dir)
     assert {e.name for e in ZOO} <= set(manifest.models)
     for spec in manifest.models.values():
@@ -93,7 +99,7 @@ def test_missing_model_and_manifest_are_typed_errors(settings: Settings, zoo_cop
     assert exc.value.code == "model_missing"
 
 
-def test_cli_analyse_prints_json(sample_paths, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def test_cli_analyse_prints_json(sample_paths: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["analyse", str(sample_paths["biden"]), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["faces"]) == 1 and len(out["faces"][0]["bbox"]) == 4
@@ -112,6 +118,6 @@ def test_cli_bad_image_exits_with_the_input_code(tmp_path: Path, content: bytes,
     assert f"error[{code}]" in err and "Traceback" not in err
 
 
-def test_public_analyse_function(sample_paths) -> None:  # type: ignore[no-untyped-def]
+def test_public_analyse_function(sample_paths: dict[str, Path]) -> None:
     faces = facefuse.analyse(sample_paths["astronaut"])
     assert len(faces) == 1

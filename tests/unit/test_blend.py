@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import cv2
 import numpy as np
 import pytest
@@ -31,13 +33,13 @@ def _ellipse_mask(h: int, w: int) -> np.ndarray:
 
 @pytest.mark.parametrize("blend", [laplacian_blend, alpha_blend])
 def test_all_zeros_is_bg_and_all_ones_is_fg_exactly(
-    pair: tuple[np.ndarray, np.ndarray], blend: object
+    pair: tuple[np.ndarray, np.ndarray], blend: Callable[..., np.ndarray]
 ) -> None:
     fg, bg = pair
     zeros = np.zeros(fg.shape[:2], np.float32)
     ones = np.ones(fg.shape[:2], np.float32)
-    out0 = blend(fg, bg, zeros)  # type: ignore[operator]
-    out1 = blend(fg, bg, ones)  # type: ignore[operator]
+    out0 = blend(fg, bg, zeros)
+    out1 = blend(fg, bg, ones)
     assert out0.dtype == np.uint8
     np.testing.assert_array_equal(out0, bg)
     np.testing.assert_array_equal(out1, fg)

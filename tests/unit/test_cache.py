@@ -12,11 +12,7 @@ import cv2
 import numpy as np
 import pytest
 
-from facefuse.serving.cache import (
-    ByteLRU,
-    CachedResult,
-    InProcessResultCache,
-    ResultCache,
+from facefuse.serving.cache.keys import (
     analysis_key,
     hamming,
     phash,
@@ -24,6 +20,8 @@ from facefuse.serving.cache import (
     result_key,
     sha256_hex,
 )
+from facefuse.serving.cache.lru import ByteLRU
+from facefuse.serving.cache.results import CachedResult, InProcessResultCache, ResultCache
 
 
 @pytest.fixture
@@ -125,11 +123,11 @@ async def test_in_process_result_cache_round_trip_and_limits() -> None:
     cache = InProcessResultCache(max_bytes=10_000, max_item_bytes=2_000)
     assert isinstance(cache, ResultCache)
     assert cache.healthy
-    value = CachedResult("image/jpeg", b"\xff\xd8" + b"j" * 100)
+    value = CachedResult(b"\xff\xd8" + b"j" * 100, "image/jpeg", 0.5)
     assert await cache.get("k1") is None
     assert await cache.put("k1", value)
     assert await cache.get("k1") == value
-    assert not await cache.put("big", CachedResult("image/png", b"p" * 2_001))
+    assert not await cache.put("big", CachedResult(b"p" * 2_001, "image/png"))
     assert await cache.get("big") is None
     stats = cache.stats()
     assert (stats.hits, stats.misses) == (1, 2)
@@ -197,7 +195,9 @@ def _jpeg_roundtrip(rgb: np.ndarray, quality: int) -> np.ndarray:
         ".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
     )
     assert ok
-    return cv2.cvtColor(cv2.imdecode(buf, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    assert bgr is not None
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
 def test_phash_matches_near_duplicates_and_separates_different_photos(

@@ -9,8 +9,8 @@ import pytest
 
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
-from facefuse.models.manifest import Manifest
-from facefuse.models.registry import choose_variant
+from facefuse.runtime.manifest import Manifest
+from facefuse.runtime.registry import choose_variant
 
 
 def test_env_values_are_parsed_and_free_text_kept_verbatim() -> None:
@@ -48,3 +48,20 @@ def test_auto_precision_picks_a_current_int8_variant_and_skips_a_stale_one(
     stale = _with_variant(manifest, "0" * 64)
     assert choose_variant(stale, "dlib_resnet", auto).precision == "fp32"
     assert choose_variant(current, "dlib_resnet", Settings(precision="fp32")).precision == "fp32"
+
+
+@pytest.mark.parametrize("change", [
+    {"max_batch_size": 0}, {"cpu_workers": 0}, {"redis_url": "http://cache"},
+    {"log_level": "chatty"}, {"det_nms_iou": 1.0},
+])
+def test_every_settings_object_is_validated_when_made(change: dict[str, object]) -> None:
+    with pytest.raises(InvalidArgumentError, match=next(iter(change))):
+        Settings(**change)  # type: ignore[arg-type]  # out-of-range values on purpose
+    with pytest.raises(InvalidArgumentError):
+        Settings().replace(**change)
+
+
+def test_keys_and_log_level_are_settings_like_the_rest() -> None:
+    s = Settings.from_env({"FACEFUSE_LOG_LEVEL": "DEBUG", "FACEFUSE_API_KEYS": "web:Secret"})
+    assert s.log_level == "debug" and s.api_keys == "web:Secret"
+    assert "Secret" not in repr(s)

@@ -303,7 +303,7 @@ def test_limits_validate_and_come_from_settings() -> None:
     assert DecodeLimits() == DecodeLimits(40_000_000, 10 * 1024 * 1024, 16)
     for bad in (0, -1, 1.5, True):
         with pytest.raises(InvalidArgumentError):
-            DecodeLimits(max_pixels=bad)  # type: ignore[arg-type]
+            DecodeLimits(max_pixels=bad)  # type: ignore[arg-type]  # wrong type on purpose
 
 
 # --- truncation -----------------------------------------------------------------------------------
@@ -506,7 +506,7 @@ def test_array_inputs(photo: np.ndarray) -> None:
 
 def test_other_types_are_argument_errors() -> None:
     with pytest.raises(InvalidArgumentError):
-        decode_image(12345)  # type: ignore[arg-type]
+        decode_image(12345)  # type: ignore[arg-type]  # wrong type on purpose
 
 
 # --- properties -----------------------------------------------------------------------------------

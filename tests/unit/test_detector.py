@@ -24,7 +24,7 @@ from facefuse.faces.detector import (
     weighted_nms,
 )
 from facefuse.faces.types import Detection
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 
 PORTRAITS = ("obama", "obama2", "obama3", "biden", "astronaut")
 #: The astronaut's round mission patch (x0, y0, x1, y1), pixels of the 512×512 photo.
@@ -76,7 +76,7 @@ def test_model_matches_tflite_on_real_inputs(
     name: str, variant: str, registry: ModelRegistry, ref_dir: Path, settings: Settings,
     sample_images: dict[str, np.ndarray], record_property: Any,
 ) -> None:
-    det = FaceDetector(registry.get(name), variant=variant)  # type: ignore[arg-type]
+    det = FaceDetector(registry.get(name), variant=variant)  # type: ignore[arg-type]  # str from parametrize
     tensors = np.stack([t for n in PORTRAITS for t, _ in det.preprocess(sample_images[n])])
     assert len(tensors) > len(PORTRAITS)  # obama3 and biden are tiled
     ours = det.run(tensors)
@@ -200,7 +200,8 @@ def test_short_range_finds_the_portraits_too(
 def _in_patch(boxes: np.ndarray) -> np.ndarray:
     cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
     px0, py0, px1, py1 = MISSION_PATCH
-    return (cx > px0) & (cx < px1) & (cy > py0) & (cy < py1)
+    inside: np.ndarray = (cx > px0) & (cx < px1) & (cy > py0) & (cy < py1)
+    return inside
 
 
 @pytest.mark.parametrize("det_name", ["full", "short"])

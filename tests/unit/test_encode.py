@@ -130,7 +130,7 @@ def test_strided_input(face: np.ndarray) -> None:
 @pytest.mark.parametrize("quality", [0, 101, -5, 1.5, True, "90"])
 def test_quality_is_validated(face: np.ndarray, quality: object) -> None:
     with pytest.raises(InvalidArgumentError, match="quality"):
-        encode_image(face, "jpeg", quality)  # type: ignore[arg-type]
+        encode_image(face, "jpeg", quality)  # type: ignore[arg-type]  # wrong type on purpose
 
 
 @pytest.mark.parametrize("quality", [1, 100])

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from facefuse.faces import topology as topo
+from facefuse.faces.types import Face
 from facefuse.fusion.geometry import (
     euler_angles,
     fit_similarity_3d,
@@ -26,7 +27,8 @@ def rotation(yaw: float, pitch: float, roll: float) -> np.ndarray:
     rx = np.array([[1, 0, 0], [0, math.cos(p), -math.sin(p)], [0, math.sin(p), math.cos(p)]])
     ry = np.array([[math.cos(y), 0, math.sin(y)], [0, 1, 0], [-math.sin(y), 0, math.cos(y)]])
     rz = np.array([[math.cos(r), -math.sin(r), 0], [math.sin(r), math.cos(r), 0], [0, 0, 1]])
-    return rz @ ry @ rx
+    rotation: np.ndarray = rz @ ry @ rx
+    return rotation
 
 
 angles = st.floats(-60, 60)
@@ -70,8 +72,9 @@ def test_points_inside_matches_opencv(seed: int, n: int) -> None:
             assert (i in got) == (d > 0), (i, d)
 
 
-def test_fused_shape_endpoints_and_expression(analysed_faces) -> None:  # type: ignore[no-untyped-def]
+def test_fused_shape_endpoints_and_expression(analysed_faces: dict[str, Face]) -> None:
     src, tgt = analysed_faces["obama"].landmarks, analysed_faces["astronaut"].landmarks
+    assert src is not None and tgt is not None
     assert np.array_equal(fused_shape(src, tgt, 0.0), tgt.astype(np.float64))
     full = fused_shape(src, tgt, 1.0)
     # Openness is similarity-invariant and the eye/lip regions move rigidly.
@@ -83,8 +86,10 @@ def test_fused_shape_endpoints_and_expression(analysed_faces) -> None:  # type: 
     assert max(abs(a) for a in relative_pose(tgt, full)) < 3.0
 
 
-def test_relative_pose_of_a_rotated_mesh(analysed_faces) -> None:  # type: ignore[no-untyped-def]
-    lm = analysed_faces["obama"].landmarks.astype(np.float64)
+def test_relative_pose_of_a_rotated_mesh(analysed_faces: dict[str, Face]) -> None:
+    mesh = analysed_faces["obama"].landmarks
+    assert mesh is not None
+    lm = mesh.astype(np.float64)
     c = lm.mean(0)
     turned = (lm - c) @ rotation(20, -10, 5).T + c
     assert np.allclose(relative_pose(lm, turned), (20, -10, 5), atol=1e-6)

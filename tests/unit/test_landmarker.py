@@ -20,7 +20,7 @@ from facefuse.faces.landmarker import (
     rotated_square_roi,
 )
 from facefuse.faces.types import Detection
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 
 PORTRAITS = ("obama", "obama2", "obama3", "biden", "astronaut")
 

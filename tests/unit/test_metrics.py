@@ -12,7 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from facefuse.serving.batching import MicroBatcher
-from facefuse.serving.cache import ByteLRU, CachedResult, InProcessResultCache
+from facefuse.serving.cache.lru import ByteLRU
+from facefuse.serving.cache.results import CachedResult, InProcessResultCache
 from facefuse.serving.metrics import Metrics, read_process_memory
 
 
@@ -108,7 +109,7 @@ async def test_cache_counters_evictions_and_hit_ratio_per_level() -> None:
     assert l1.get("a") is None
     assert l1.get("b") is not None
     assert l1.get("b") is not None
-    await l2.put("k", CachedResult("image/png", b"png"))
+    await l2.put("k", CachedResult(b"png", "image/png"))
     assert await l2.get("k") is not None
     assert await l2.get("other") is None
 

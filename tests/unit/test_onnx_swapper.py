@@ -1,4 +1,4 @@
-"""The neural swapper plug-in (issue 3 §3), tested with tiny ONNX models built here.
+"""The neural swapper plug-in, tested with tiny ONNX models built here.
 
 We ship no face-swap model, so every model below is generated with ``onnx.helper``
 with the exact inswapper-style I/O contract (target ``[N, 3, S, S]``, source
@@ -15,7 +15,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import cv2
 import numpy as np
@@ -31,26 +31,27 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.recognizer import normalize
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.swappers.onnx import (
-    OnnxSwapper,
+from facefuse.fusion.swappers import onnx as onnx_swapper
+from facefuse.fusion.swappers.contract import parse_contract
+from facefuse.fusion.swappers.crop import (
     align_transform,
     arcface_points,
     crop_face,
-    last_initializer,
-    parse_contract,
     paste_back,
     template_points,
 )
+from facefuse.fusion.swappers.onnx import OnnxSwapper
 from facefuse.fusion.types import FuseOptions
-from facefuse.models.manifest import (
+from facefuse.runtime.files import sha256_file
+from facefuse.runtime.manifest import (
     Manifest,
     ModelSpec,
     Preprocessing,
     Source,
     TensorSpec,
-    sha256_file,
 )
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.onnx_file import last_initializer
+from facefuse.runtime.registry import ModelRegistry
 
 OPSET = 17
 rng = np.random.default_rng(1234)
@@ -426,7 +427,9 @@ def test_constant_model_colours_the_face_only(
     target = sample_images["obama"]
     inner = cv2.erode(core.astype(np.uint8), np.ones((15, 15), np.uint8)).astype(bool)
     assert np.abs(target[y0:y1, x0:x1][inner].astype(np.float32) - want).mean() > 30
-    for blend, tol in (("alpha", 1.0), ("multiband", 8.0)):
+    cases: tuple[tuple[Literal["alpha", "multiband"], float], ...] = (
+        ("alpha", 1.0), ("multiband", 8.0))
+    for blend, tol in cases:
         res = fuser.fuse_faces(sample_images["biden"], faces["biden"], target, [faces["obama"]],
                                [0], FuseOptions(degree=100, swapper=name, blend=blend,
                                                 evaluate=False))
@@ -484,25 +487,36 @@ def test_latent_from_a_projection_file_and_unprojected(
 
 
 def test_latent_from_another_recognizer_in_the_registry(
-    swap_registry: ModelRegistry, sample_images: dict[str, np.ndarray], faces: dict[str, Face]
+    swap_registry: ModelRegistry, sample_images: dict[str, np.ndarray], faces: dict[str, Face],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The toy recognizer averages its 112-px ArcFace chip: the latent is the source
     face's mean colour, normalised as its manifest entry says."""
+    calls: list[str] = []
+    real = onnx_swapper.recognizer_embedding
+
+    def counting(*args: Any) -> np.ndarray:
+        calls.append("embed")
+        return real(*args)
+
+    monkeypatch.setattr(onnx_swapper, "recognizer_embedding", counting)
     for who in ("obama", "biden"):
-        face = dataclasses.replace(faces[who], extra={})
+        face = faces[who]
         assert face.landmarks is not None
         sw = OnnxSwapper(swap_registry, "latent_toy")
+        calls.clear()
         got = sw.source_latent(sample_images[who], face)[0]
+        np.testing.assert_array_equal(sw.source_latent(sample_images[who], face)[0], got)
+        assert calls == ["embed"]  # computed once per source face
         # Independently: OpenCV's own similarity warp onto ARCFACE_112, no anti-aliasing.
         M = similarity_transform(face.landmarks[[468, 473, 1, 61, 291], :2], ARCFACE_112)
         chip = cv2.warpAffine(sample_images[who], M, (112, 112), flags=cv2.INTER_LINEAR)
         want = (chip.reshape(-1, 3).astype(np.float64).mean(axis=0) - 127.5) / 127.5
         np.testing.assert_allclose(got, want, atol=0.02)
-        assert "embedding:toy_rec" in face.extra  # computed once per source face
-    a = OnnxSwapper(swap_registry, "latent_toy").source_latent(
-        sample_images["obama"], dataclasses.replace(faces["obama"], extra={}))
-    b = OnnxSwapper(swap_registry, "latent_toy").source_latent(
-        sample_images["biden"], dataclasses.replace(faces["biden"], extra={}))
+    a = OnnxSwapper(swap_registry, "latent_toy").source_latent(sample_images["obama"],
+                                                               faces["obama"])
+    b = OnnxSwapper(swap_registry, "latent_toy").source_latent(sample_images["biden"],
+                                                               faces["biden"])
     assert np.abs(a - b).max() > 0.02
 
 

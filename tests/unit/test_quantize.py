@@ -12,10 +12,13 @@ import onnxruntime as ort
 import pytest
 
 from facefuse.config import Settings
+from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.models.manifest import MANIFEST_NAME, Manifest, ModelSpec
-from facefuse.models.quantize import QuantizationGateError, QuantizeOptions
-from facefuse.models.quantize.calibration import (
+from facefuse.runtime.manifest import MANIFEST_NAME, Manifest, ModelSpec
+from facefuse.runtime.registry import ModelRegistry, choose_variant
+from facefuse.runtime.session import create_session, resolve_providers
+from facefuse.toolchain.quantize import QuantizationGateError, QuantizeOptions
+from facefuse.toolchain.quantize.calibration import (
     Augmentation,
     StageData,
     TensorReader,
@@ -25,9 +28,9 @@ from facefuse.models.quantize.calibration import (
     draw_augmentations,
     evaluation_plan,
 )
-from facefuse.models.quantize.evaluate import Evaluator, load_candidate
-from facefuse.models.quantize.fp16 import convert_fp16
-from facefuse.models.quantize.gate import (
+from facefuse.toolchain.quantize.evaluate import Evaluator, load_candidate
+from facefuse.toolchain.quantize.fp16 import convert_fp16
+from facefuse.toolchain.quantize.gate import (
     THRESHOLDS,
     check_detector,
     check_e2e,
@@ -38,10 +41,9 @@ from facefuse.models.quantize.gate import (
     landmark_figures,
     recognizer_figures,
 )
-from facefuse.models.quantize.pipeline import Quantizer, copy_models_dir
-from facefuse.models.quantize.report import BEGIN, END, splice
-from facefuse.models.registry import ModelRegistry, choose_variant
-from facefuse.models.session import create_session, resolve_providers
+from facefuse.toolchain.quantize.int8 import preprocess
+from facefuse.toolchain.quantize.pipeline import Quantizer, copy_models_dir
+from facefuse.toolchain.quantize.report import BEGIN, END, splice
 
 #: The FP32 models the analysis pipeline (and so the calibration data) needs.
 PIPELINE_MODELS = ("blazeface_full", "facemesh", "iris", "dlib_resnet")
@@ -153,8 +155,7 @@ def test_a_passing_int8_recognizer_is_registered_and_auto_picks_it(
     # Real faces: the INT8 embedding agrees with FP32.
     analyser = FaceAnalyser(qsettings.replace(precision="fp32"))
     rgb = sample_images["biden"]
-    chips = analyser.chips(rgb, analyser.analyse(rgb, embed=False))
-    x = analyser.recognizer.preprocess(chips)
+    x = analyser.models.recognizer.preprocess(stages.chips(rgb, analyser.analyse(rgb, embed=False)))
     a, b = fp32.run(x)[0][0], auto.run(x)[0][0]
     assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.995
 
@@ -181,7 +182,7 @@ def test_fp16_recognizer_runs_on_this_host_and_is_judged(
 def test_cuda_request_falls_back_to_cpu_with_a_logged_reason(
         caplog: pytest.LogCaptureFixture, settings: Settings, model_dir: Path) -> None:
     s = settings.replace(providers=("cuda", "cpu"))
-    with caplog.at_level(logging.WARNING, logger="facefuse.models.session"):
+    with caplog.at_level(logging.WARNING, logger="facefuse.runtime.session"):
         providers = resolve_providers(s)
     if HAS_CUDA:
         assert providers[0] == "CUDAExecutionProvider"
@@ -216,11 +217,11 @@ def test_choose_variant_by_precision_and_device(
     assert choose_variant(both, "dlib_resnet", cpu.replace(precision="fp32")).precision == "fp32"
     # auto without a gated variant: FP32, silently.
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="facefuse.models.registry"):
+    with caplog.at_level(logging.WARNING, logger="facefuse.runtime.registry"):
         assert choose_variant(_variants(base), "dlib_resnet", cpu).precision == "fp32"
     assert not caplog.records
     # An explicit precision with no variant: FP32 with a logged reason.
-    with caplog.at_level(logging.WARNING, logger="facefuse.models.registry"):
+    with caplog.at_level(logging.WARNING, logger="facefuse.runtime.registry"):
         got = choose_variant(_variants(base, "fp16"), "dlib_resnet",
                              cpu.replace(precision="int8"))
     assert got.precision == "fp32"
@@ -316,3 +317,17 @@ def test_report_section_replaces_only_its_markers() -> None:
     twice = splice(once, "second")
     assert "first" not in twice and "second" in twice and twice.count(BEGIN) == 1
     assert "<!-- analyse:begin -->\nA\n<!-- analyse:end -->" in twice
+
+
+def test_preprocessing_leaves_nothing_in_the_working_directory(
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BlazeFace's Resize ops defeat ORT's symbolic shape inference, which then saves
+    its partial model into the working directory; ours must stay empty."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    spec = Manifest.load(model_dir).get("blazeface_full")
+    done = preprocess(model_dir / spec.file, tmp_path / "out" / "pre.onnx")
+    assert "onnx shapes" in done  # the fallback ran: symbolic inference gave up
+    assert (tmp_path / "out" / "pre.onnx").is_file()
+    assert list(cwd.iterdir()) == []

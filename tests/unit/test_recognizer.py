@@ -13,8 +13,10 @@ from dlib_ref import RESNET_MEMBER, DlibFace, dlib_file, sample_faces
 from facefuse.config import Settings
 from facefuse.errors import BuildError, InvalidArgumentError
 from facefuse.faces.recognizer import Recognizer, cosine_similarity, distance, normalize
-from facefuse.models.build import dlib_resnet
-from facefuse.models.build.dlib_resnet import (
+from facefuse.runtime.files import sha256_file
+from facefuse.runtime.registry import ModelRegistry
+from facefuse.toolchain.build import dlib_resnet
+from facefuse.toolchain.build.dlib_resnet import (
     Conv,
     Dense,
     InputLayer,
@@ -22,8 +24,6 @@ from facefuse.models.build.dlib_resnet import (
     convert_dlib_resnet,
     read_dlib_resnet,
 )
-from facefuse.models.manifest import sha256_file
-from facefuse.models.registry import ModelRegistry
 
 OBAMAS = ("obama", "obama2", "obama3")
 

@@ -12,8 +12,8 @@ import pytest
 
 from facefuse.config import Settings
 from facefuse.errors import ModelCorruptError, ModelMissingError
-from facefuse.models.manifest import MANIFEST_NAME, Manifest
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.manifest import MANIFEST_NAME, Manifest
+from facefuse.runtime.registry import ModelRegistry
 
 NAME = "blazeface_short"
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, File, Request, UploadFile
 
+from facefuse.config import Settings
 from facefuse.errors import ForbiddenError, InvalidArgumentError, UnauthorizedError
 from facefuse.serving.security import MIN_TOKEN_LENGTH, ApiKeys, BodyLimitMiddleware, bearer_token
 
@@ -28,7 +29,7 @@ def anyio_backend() -> str:
 
 
 def test_disabled_when_nothing_is_configured() -> None:
-    keys = ApiKeys.from_env({})
+    keys = ApiKeys.from_settings(Settings.from_env({}))
     assert not keys.enabled
     assert keys.check(None) is None
     assert keys.check(None, admin=True) is None
@@ -36,12 +37,14 @@ def test_disabled_when_nothing_is_configured() -> None:
 
 
 def test_env_format_labels_separators_and_admin_keys() -> None:
-    keys = ApiKeys.from_env(
+    settings = Settings.from_env(
         {
             "FACEFUSE_API_KEYS": f" mobile:{USER} ,\n{USER2}\n",
             "FACEFUSE_ADMIN_KEYS": f"ops:{ADMIN}",
         }
     )
+    assert USER not in repr(settings) and ADMIN not in repr(settings)
+    keys = ApiKeys.from_settings(settings)
     assert keys.enabled
     assert keys.has_admin
     labels = keys.labels()

@@ -14,8 +14,8 @@ from onnx import numpy_helper
 
 from facefuse.config import Settings
 from facefuse.errors import BuildError
-from facefuse.models.build.tflite import convert_tflite
-from facefuse.models.manifest import sha256_file
+from facefuse.runtime.files import sha256_file
+from facefuse.toolchain.build.tflite import convert_tflite
 
 CASES = {
     "blazeface_full": ("input", [("regressors", 2304 * 16), ("scores", 2304)], 192),

@@ -1,44 +1,28 @@
-"""The face-analysis pipeline: detect → dense mesh → align → embed (→ attributes).
+"""The library's driver of the analysis stages: decode → detect → mesh → embed
+(→ attributes), each stage from :mod:`facefuse.faces.stages` run synchronously on
+the registry's sessions.
 
-:class:`FaceAnalyser` owns the models (through the registry) and is safe to
-share across threads: ONNX Runtime sessions are thread-safe and the analyser
-keeps no per-call state.
+:class:`FaceAnalyser` is safe to share across threads: ONNX Runtime sessions are
+thread-safe and the analyser keeps no per-call state.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from facefuse.config import Settings
-from facefuse.faces.align import dlib_chip_transform, warp_chip
-from facefuse.faces.attributes import estimate_age, estimate_gender
-from facefuse.faces.detector import FaceDetector
-from facefuse.faces.landmarker import FaceMesh
-from facefuse.faces.recognizer import Recognizer, normalize
-from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
+from facefuse.faces import stages
+from facefuse.faces.stages import FaceModels, Stage
+from facefuse.faces.types import Detection, Face
 from facefuse.imaging.decode import DecodeLimits, ImageInput, decode_image
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.registry import ModelRegistry
 
-CHIP_SIZE = 150
-CHIP_PADDING = 0.25
-
-
-def make_face(det: Detection, landmarks: np.ndarray, presence: float) -> Face:
-    """The Face record of one meshed detection: (478, 3) landmarks → five points
-    and the dlib chip transform; no embedding yet."""
-    return Face(
-        bbox=det.bbox.astype(np.float32),
-        score=float(det.score),
-        keypoints=det.keypoints.astype(np.float32),
-        landmarks=landmarks.astype(np.float32),
-        landmarks5=landmarks[list(MESH_FIVE_POINTS), :2].astype(np.float32),
-        chip_transform=dlib_chip_transform(landmarks, size=CHIP_SIZE, padding=CHIP_PADDING),
-        mesh_score=float(presence),
-    )
+T = TypeVar("T")
 
 
 @dataclass
@@ -48,6 +32,8 @@ class StageTimer:
     ms: dict[str, float] = field(default_factory=dict)
 
     def add(self, stage: str, t0: float) -> float:
+        """Charge the time since ``t0`` (``time.perf_counter()``) to ``stage``;
+        returns now, the start of the next stage."""
         now = time.perf_counter()
         self.ms[stage] = self.ms.get(stage, 0.0) + (now - t0) * 1000.0
         return now
@@ -59,25 +45,21 @@ class FaceAnalyser:
     def __init__(self, settings: Settings | None = None, registry: ModelRegistry | None = None):
         self.settings = settings or Settings.from_env()
         self.registry = registry or ModelRegistry(self.settings)
-        det_name = "blazeface_full" if self.settings.detector == "full" else "blazeface_short"
-        self.detector = FaceDetector(
-            self.registry.get(det_name),
-            score_threshold=self.settings.det_score_threshold,
-            nms_iou=self.settings.det_nms_iou,
-            tile_above=self.settings.det_tile_above,
-            variant=self.settings.detector,
-        )
-        iris = self.registry.get("iris") if self.registry.has("iris") else None
-        self.mesh = FaceMesh(self.registry.get("facemesh"), iris)
-        self.recognizer = Recognizer(self.registry.get("dlib_resnet"))
+        self.models = FaceModels.from_registry(self.settings, self.registry)
         self.limits = DecodeLimits.from_settings(self.settings)
+        self._runner = stages.registry_runner(self.registry)
+
+    def run(self, stage: Stage[T]) -> T:
+        """Drive one stage on the registry's sessions."""
+        return stages.run_sync(stage, self._runner)
 
     def decode(self, image: ImageInput) -> np.ndarray:
         """Any accepted input → RGB uint8 (H, W, 3)."""
         return decode_image(image, self.limits)
 
     def detect(self, image: np.ndarray) -> list[Detection]:
-        return self.detector.detect(image)
+        """Detections of an RGB uint8 (H, W, 3) image, best score first."""
+        return self.run(stages.detect(self.models.detector, image, self.models.turns))
 
     def analyse(
         self,
@@ -99,48 +81,26 @@ class FaceAnalyser:
         t = time.perf_counter()
         rgb = self.decode(image)
         t = timer.add("decode", t)
-        detections = self.detector.detect(rgb)
+        detections = self.detect(rgb)
         t = timer.add("detect", t)
-        faces = [self.face_from_detection(rgb, d) for d in detections]
+        faces = stages.largest_first(self.run(stages.mesh(self.models.mesh, rgb, detections)))
         t = timer.add("mesh", t)
-        faces = [f for f in faces if f.landmarks is not None]
         if embed and faces:
-            self.embed(rgb, faces)
+            faces = self.embed(rgb, faces)
             t = timer.add("embed", t)
         if attributes if attributes is not None else self.settings.attributes:
-            self.add_attributes(rgb, faces)
+            faces = self.run(stages.attributes(self.models, rgb, faces))
             timer.add("attributes", t)
-        faces.sort(key=lambda f: -f.area)
         return faces
 
     def face_from_detection(self, rgb: np.ndarray, det: Detection) -> Face:
         """Mesh, five points and chip transform for one detection (no embedding)."""
-        landmarks, presence = self.mesh.landmarks(rgb, det)
-        return make_face(det, landmarks, presence)
+        return self.run(stages.mesh(self.models.mesh, rgb, [det]))[0]
 
-    def chips(self, rgb: np.ndarray, faces: Iterable[Face]) -> np.ndarray:
-        """Aligned 150×150 RGB chips, (N, 150, 150, 3) uint8."""
-        out = [warp_chip(rgb, f.chip_transform, CHIP_SIZE) for f in faces
-               if f.chip_transform is not None]
-        if not out:
-            return np.zeros((0, CHIP_SIZE, CHIP_SIZE, 3), np.uint8)
-        return np.stack(out)
+    def embed(self, rgb: np.ndarray, faces: Sequence[Face]) -> list[Face]:
+        """Copies of ``faces`` with ``embedding_raw`` and the unit-norm ``embedding``."""
+        return self.run(stages.embed(self.models.recognizer, rgb, faces))
 
-    def embed(self, rgb: np.ndarray, faces: list[Face]) -> None:
-        """Fill ``embedding_raw`` and the unit-norm ``embedding`` of each face."""
-        raw = self.recognizer.embed_chips(self.chips(rgb, faces))
-        for f, v in zip(faces, raw, strict=True):
-            f.embedding_raw = v.astype(np.float32)
-            f.embedding = normalize(v).astype(np.float32)
-
-    def add_attributes(self, rgb: np.ndarray, faces: list[Face]) -> None:
-        """Fill ``age``, ``gender`` and ``gender_score`` where the models are installed."""
-        age = self.registry.get("age") if self.registry.has("age") else None
-        gender = self.registry.get("gender") if self.registry.has("gender") else None
-        for f in faces:
-            if f.landmarks is None:
-                continue
-            if age is not None:
-                f.age = estimate_age(rgb, f.landmarks, age)
-            if gender is not None:
-                f.gender, f.gender_score = estimate_gender(rgb, f.landmarks, gender)
+    def reanalyse(self, rgb: np.ndarray, where: Face) -> Face:
+        """The face of ``rgb`` at ``where``'s place, meshed and embedded."""
+        return self.run(stages.reanalyse(self.models, rgb, where))

@@ -10,31 +10,30 @@ from __future__ import annotations
 import numpy as np
 
 from facefuse.faces.align import dlib_chip_transform, warp_chip
-from facefuse.models.registry import LoadedModel
+from facefuse.runtime.manifest import ModelSpec
+from facefuse.runtime.registry import LoadedModel
 
 
-def _chip_tensor(image: np.ndarray, landmarks: np.ndarray, model: LoadedModel) -> np.ndarray:
+def attribute_chip(image: np.ndarray, landmarks: np.ndarray, model: LoadedModel) -> np.ndarray:
+    """The model input of one face: (3, S, S) float32 normalised chip (S from the spec)."""
     pre = model.spec.preprocessing
     size = pre.size[0]
     padding = float(model.spec.extra.get("chip_padding", 0.2))
     M = dlib_chip_transform(landmarks, size=size, padding=padding)
     chip = warp_chip(image, M, size).astype(np.float32)
     x = (chip - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
-def estimate_age(image: np.ndarray, landmarks: np.ndarray, model: LoadedModel) -> float:
+def read_age(probs: np.ndarray, spec: ModelSpec) -> float:
     """Expected age in years: the probability-weighted mean of the 81 age classes."""
-    probs = model.run(_chip_tensor(image, landmarks, model))[0][0]
-    weights = np.asarray(model.spec.extra["age_weights"], np.float32)
-    return float(np.dot(probs.astype(np.float32), weights))
+    weights = np.asarray(spec.extra["age_weights"], np.float32)
+    return float(np.dot(np.reshape(probs, -1).astype(np.float32), weights))
 
 
-def estimate_gender(
-    image: np.ndarray, landmarks: np.ndarray, model: LoadedModel
-) -> tuple[str, float]:
+def read_gender(probs: np.ndarray, spec: ModelSpec) -> tuple[str, float]:
     """(label, probability) with labels from the manifest (``female``, ``male``)."""
-    probs = model.run(_chip_tensor(image, landmarks, model))[0][0]
-    labels = list(model.spec.extra.get("labels", ["female", "male"]))
-    i = int(np.argmax(probs))
-    return str(labels[i]), float(probs[i])
+    p = np.reshape(probs, -1)
+    labels = list(spec.extra.get("labels", ["female", "male"]))
+    i = int(np.argmax(p))
+    return str(labels[i]), float(p[i])

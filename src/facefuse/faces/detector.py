@@ -33,7 +33,7 @@ import numpy as np
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.types import Detection
 from facefuse.imaging.checks import require_rgb
-from facefuse.models.registry import LoadedModel
+from facefuse.runtime.registry import LoadedModel
 
 Variant = Literal["full", "short"]
 
@@ -228,6 +228,35 @@ def _starts(extent: int, tile: int, stride: int) -> list[int]:
     return [round(i * (extent - tile) / (n - 1)) for i in range(n)]
 
 
+def letterbox_passes(
+    image: np.ndarray, size: int, crops: Sequence[tuple[int, int, int, int]]
+) -> list[tuple[np.ndarray, Letterbox]]:
+    """Letterbox each crop ``(x0, y0, w, h)`` of ``image`` into a ``size``×``size`` canvas.
+
+    The image is shrunk once by the largest integer factor every pass can
+    afford (OpenCV's fast exact area path) and every pass is cut and fitted
+    from that copy; the < k pixels at the right/bottom that do not fill a k×k
+    block are dropped. Returns ``(canvas (size, size, 3) uint8, Letterbox)``
+    per crop, the Letterbox mapping canvas pixels to ``image`` pixels.
+    """
+    h, w = image.shape[:2]
+    k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // size), w, h)
+    if k >= 2:
+        wk, hk = w // k, h // k
+        small = cv2.resize(image[: hk * k, : wk * k], (wk, hk), interpolation=cv2.INTER_AREA)
+    else:
+        k, small = 1, image
+    out: list[tuple[np.ndarray, Letterbox]] = []
+    for x0, y0, cw, ch in crops:
+        sx0, sy0 = x0 // k, y0 // k
+        sx1 = min(small.shape[1], -(-(x0 + cw) // k))
+        sy1 = min(small.shape[0], -(-(y0 + ch) // k))
+        canvas, box = letterbox(small, size, (sx0, sy0, sx1 - sx0, sy1 - sy0))
+        inner = (x0 > 0, y0 > 0, x0 + cw < w, y0 + ch < h)
+        out.append((canvas, box.upscaled(k, w, h, inner)))
+    return out
+
+
 def sigmoid_scores(raw: np.ndarray) -> np.ndarray:
     """Logits → probabilities, logits clipped to ±:data:`RAW_SCORE_LIMIT` first."""
     clipped = np.clip(raw.astype(np.float64), -RAW_SCORE_LIMIT, RAW_SCORE_LIMIT)
@@ -295,12 +324,12 @@ def decode(
     kps = transform.to_image(kps)
     boxes = corners.reshape(-1, 4)
     if transform.is_tile:
-        ok = _away_from_inner_edges(boxes, transform)
+        ok = away_from_inner_edges(boxes, transform)
         boxes, kps, p = boxes[ok], kps[ok], p[ok]
     return Candidates(boxes, kps, p)
 
 
-def _away_from_inner_edges(boxes: np.ndarray, t: Letterbox) -> np.ndarray:
+def away_from_inner_edges(boxes: np.ndarray, t: Letterbox) -> np.ndarray:
     """(K,) bool: box does not reach an inner edge of its tile."""
     margin = TILE_EDGE_MARGIN * max(t.width, t.height)
     left, top, right, bottom = t.inner_edges
@@ -358,7 +387,68 @@ def weighted_nms(c: Candidates, iou_threshold: float) -> Candidates:
     return Candidates(np.stack(out_b), np.stack(out_k), np.asarray(out_s))
 
 
-class FaceDetector:
+class BatchedDetector:
+    """A detector whose model runs on stacked tensors: :meth:`preprocess` (CPU) →
+    :meth:`run` (one batched model call, which a micro-batcher may share between
+    images) → :meth:`postprocess` (CPU). Subclasses say how one tensor's outputs
+    decode (:meth:`decode_tensor`) and how the passes of one image merge (:meth:`merge`).
+    """
+
+    model: LoadedModel
+    #: Raw regression values per anchor.
+    regression_width: int
+
+    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
+        """Model inputs ``(tensor (3, S, S) float32, Letterbox)`` of one RGB uint8 image."""
+        raise NotImplementedError
+
+    def decode_tensor(
+        self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox
+    ) -> Candidates:
+        """One tensor's (A, W) regressors and (A,) scores → image-pixel candidates."""
+        raise NotImplementedError
+
+    def merge(self, candidates: Candidates) -> Candidates:
+        """All passes' candidates of one image → its faces (non-maximum suppression)."""
+        raise NotImplementedError
+
+    def run(self, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Model run: (N, 3, S, S) float32 → regressors (N, A, W), scores (N, A, 1)."""
+        regressors, scores = self.model.run(np.ascontiguousarray(tensors, dtype=np.float32))[:2]
+        return regressors, scores
+
+    def postprocess(
+        self,
+        regressors: np.ndarray,
+        scores: np.ndarray,
+        transform: Letterbox | Sequence[Letterbox],
+    ) -> list[Detection]:
+        """Raw outputs of all tensors of ONE image → its detections, best first.
+
+        Args:
+            regressors: (A, W) or (N, A, W) float32.
+            scores: (A, 1) or (N, A, 1) float32.
+            transform: the Letterbox of each tensor (one, or a sequence of N).
+        """
+        transforms = [transform] if isinstance(transform, Letterbox) else list(transform)
+        if not transforms:
+            return []
+        regs = np.reshape(regressors, (len(transforms), -1, self.regression_width))
+        scs = np.reshape(scores, (len(transforms), -1))
+        found = Candidates.concat([
+            self.decode_tensor(r, s, t) for r, s, t in zip(regs, scs, transforms, strict=True)
+        ])
+        merged = self.merge(found)
+        return to_detections(merged, transforms[0].image_width, transforms[0].image_height)
+
+    def detect(self, image: np.ndarray) -> list[Detection]:
+        """All faces in an RGB uint8 (H, W, 3) image, best score first."""
+        items = self.preprocess(image)
+        regressors, scores = self.run(np.stack([t for t, _ in items]))
+        return self.postprocess(regressors, scores, [b for _, b in items])
+
+
+class FaceDetector(BatchedDetector):
     """BlazeFace detector over a loaded ONNX model.
 
     Args:
@@ -390,6 +480,7 @@ class FaceDetector:
         if tile_above < 64:
             raise InvalidArgumentError("tile_above must be at least 64 pixels")
         self.model = model
+        self.regression_width = 16
         self.variant: Variant = variant
         self.options = ANCHOR_OPTIONS[variant]
         self.size = self.options.input_size
@@ -417,64 +508,20 @@ class FaceDetector:
         h, w = image.shape[:2]
         crops = [(0, 0, w, h)]
         crops.extend(tile_grid(w, h, self.tile_above, MIN_FACE_FRACTION[self.variant]))
-        # Shrink once by the largest integer factor every pass can afford (OpenCV's
-        # fast exact area path), then cut and fit the passes from that copy. The
-        # < k pixels at the right/bottom that do not fill a k×k block are dropped.
-        k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // self.size), w, h)
-        if k >= 2:
-            wk, hk = w // k, h // k
-            small = cv2.resize(image[: hk * k, : wk * k], (wk, hk), interpolation=cv2.INTER_AREA)
-        else:
-            k, small = 1, image
-        out: list[tuple[np.ndarray, Letterbox]] = []
-        for x0, y0, cw, ch in crops:
-            sx0, sy0 = x0 // k, y0 // k
-            sx1 = min(small.shape[1], -(-(x0 + cw) // k))
-            sy1 = min(small.shape[0], -(-(y0 + ch) // k))
-            canvas, box = letterbox(small, self.size, (sx0, sy0, sx1 - sx0, sy1 - sy0))
-            inner = (x0 > 0, y0 > 0, x0 + cw < w, y0 + ch < h)
-            out.append((to_tensor(canvas), box.upscaled(k, w, h, inner)))
-        return out
+        passes = letterbox_passes(image, self.size, crops)
+        return [(to_tensor(canvas), box) for canvas, box in passes]
 
-    def run(self, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Model run: (N, 3, S, S) float32 → regressors (N, A, 16), score logits (N, A, 1)."""
-        regressors, scores = self.model.run(np.ascontiguousarray(tensors, dtype=np.float32))[:2]
-        return regressors, scores
+    def decode_tensor(
+        self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox
+    ) -> Candidates:
+        """One tensor's (A, 16) regressors and (A,) score logits → candidates."""
+        return decode(regressors, scores, self.anchors, transform, self.score_threshold)
 
-    def postprocess(
-        self,
-        regressors: np.ndarray,
-        scores: np.ndarray,
-        transform: Letterbox | Sequence[Letterbox],
-    ) -> list[Detection]:
-        """Raw outputs of all tensors of ONE image → its detections, best first.
-
-        Args:
-            regressors: (A, 16) or (N, A, 16) float32.
-            scores: (A, 1) or (N, A, 1) float32 logits.
-            transform: the Letterbox of each tensor (one, or a sequence of N).
-        """
-        transforms = [transform] if isinstance(transform, Letterbox) else list(transform)
-        regs = np.reshape(regressors, (len(transforms), -1, 16))
-        scs = np.reshape(scores, (len(transforms), -1))
-        found = Candidates.concat([
-            decode(r, s, self.anchors, t, self.score_threshold)
-            for r, s, t in zip(regs, scs, transforms, strict=True)
-        ])
-        merged = weighted_nms(found, self.nms_iou)
-        if not transforms:
-            return []
-        return _to_detections(merged, transforms[0].image_width, transforms[0].image_height)
-
-    def detect(self, image: np.ndarray) -> list[Detection]:
-        """All faces in an RGB uint8 (H, W, 3) image, best score first."""
-        items = self.preprocess(image)
-        tensors = np.stack([t for t, _ in items])
-        regressors, scores = self.run(tensors)
-        return self.postprocess(regressors, scores, [b for _, b in items])
+    def merge(self, candidates: Candidates) -> Candidates:
+        return weighted_nms(candidates, self.nms_iou)
 
 
-def _to_detections(c: Candidates, width: int, height: int) -> list[Detection]:
+def to_detections(c: Candidates, width: int, height: int) -> list[Detection]:
     """Clip boxes to the image, drop boxes left empty, wrap as :class:`Detection`."""
     out: list[Detection] = []
     for box, kps, score in zip(c.boxes, c.keypoints, c.scores, strict=True):

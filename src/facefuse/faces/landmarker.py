@@ -34,7 +34,7 @@ import numpy as np
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.types import Detection
 from facefuse.imaging.checks import require_rgb
-from facefuse.models.registry import LoadedModel
+from facefuse.runtime.registry import LoadedModel
 
 MESH_SIZE = 192
 IRIS_SIZE = 64

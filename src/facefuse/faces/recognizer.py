@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from facefuse.errors import InvalidArgumentError
-from facefuse.models.registry import LoadedModel
+from facefuse.runtime.registry import LoadedModel
 
 CHIP_SIZE = 150
 EMBEDDING_DIMS = 128

@@ -6,7 +6,7 @@ decoded (EXIF-uprighted) RGB image that was analysed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,9 +39,10 @@ class Detection:
         return float(self.bbox[3] - self.bbox[1])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Face:
-    """An analysed face.
+    """An analysed face: immutable, arrays read-only (caches share it between
+    requests; derive changed copies with :func:`dataclasses.replace`).
 
     Attributes:
         bbox: (4,) float32 ``x0, y0, x1, y1`` pixels (detector box).
@@ -71,7 +72,11 @@ class Face:
     age: float | None = None
     gender: str | None = None
     gender_score: float | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for value in vars(self).values():
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
 
     @property
     def width(self) -> float:

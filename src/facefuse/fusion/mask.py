@@ -1,4 +1,4 @@
-"""Blend masks from the face mesh: feathered face oval minus the mouth interior.
+"""Blend masks from the face mesh: the feathered face oval, the lips, the eyes.
 
 Masks are float32 in [0, 1] over a region ``(x0, y0, x1, y1)`` of the target
 image (pixels, x1/y1 exclusive). Feathering scales with face size; a face cut by
@@ -112,15 +112,13 @@ def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = Non
     return _soften(canvas, OVAL_INSET * f, max(0.8, f / 2.5), pad)
 
 
-def mouth_interior_mask(
-    landmarks: np.ndarray, region: Region, feather: float | None = None
-) -> np.ndarray:
-    """Soft mask (H, W) float32 of the open mouth — the outer-lip polygon, so the
-    target's lips, teeth and tongue stay together and the expression reads as the
-    target's; all zeros when the mouth is closed (openness ≤ :data:`MOUTH_OPEN_THRESHOLD`)."""
-    x0, y0, x1, y1 = region
-    if openness(landmarks)["mouth"] <= MOUTH_OPEN_THRESHOLD:
-        return np.zeros((y1 - y0, x1 - x0), np.float32)
+def mouth_open(landmarks: np.ndarray) -> bool:
+    """Whether the mouth is open (openness > :data:`MOUTH_OPEN_THRESHOLD`)."""
+    return openness(landmarks)["mouth"] > MOUTH_OPEN_THRESHOLD
+
+
+def lips_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
+    """Soft mask (H, W) float32 of the mouth inside its outer-lip contour, open or not."""
     f = feather if feather is not None else feather_px(landmarks)
     pad = int(np.ceil(2 * f)) + 2
     canvas = _draw(landmarks, topo.LIPS_OUTER, region, pad)

@@ -1,4 +1,6 @@
-"""Contact sheets: source, target and the fused outputs at degrees 0, 50 and 100."""
+"""Contact sheets: source, target, the fused outputs at degrees 0, 50 and 100, and
+degree 100 without relighting and occluder masks (the engine before them), for
+comparison."""
 
 from __future__ import annotations
 
@@ -34,15 +36,19 @@ def contact_sheet(
     *,
     height: int = 360,
 ) -> np.ndarray:
-    """One RGB uint8 row: source, target, fused at 0/50/100 (labelled with identity figures)."""
+    """One RGB uint8 row: source, target, fused at 0/50/100 and at 100 without
+    relighting and occluder masks (labelled with identity figures)."""
     src_rgb = fuser.analyser.decode(sources[0])
     tgt_rgb = fuser.analyser.decode(target)
     tiles = [_tile(src_rgb, height, "source"), _tile(tgt_rgb, height, "target")]
-    for d in SHEET_DEGREES:
+    plain = dataclasses.replace(options, relight=False, reject_source_occluders=False,
+                                keep_target_occluders=False)
+    runs = [(float(d), options, f"degree {d}") for d in SHEET_DEGREES]
+    runs.append((100.0, plain, "100, no relight/masks"))
+    for d, opts, label in runs:
         r = fuser.fuse(list(sources), tgt_rgb,
-                       dataclasses.replace(options, degree=float(d), shape=None, texture=None))
+                       dataclasses.replace(opts, degree=d, shape=None, texture=None))
         q = r.quality
-        label = f"degree {d}"
         if "id_sim_source" in q:
             label += f"  src {q['id_sim_source']:.2f} tgt {q['id_sim_target']:.2f}"
         tiles.append(_tile(r.image, height, label))

@@ -21,6 +21,14 @@ class FuseOptions:
     ``degree`` 0..100: 0 returns the target unchanged, 100 the full source
     identity. ``shape`` and ``texture`` (0..100, default = degree) refine it:
     how far the geometry and the skin texture move toward the source.
+
+    The mask parts (classic swapper; all on by default, see docs/fusion.md):
+    ``relight`` relights the source face with the target's lighting (spherical
+    harmonics on the mesh normals) before the tone transfer;
+    ``reject_source_occluders`` shows the target's own pixels where the source's
+    face is covered (hair, glasses, hands, a beard, background);
+    ``keep_target_occluders`` keeps whatever covers the target's face on top of
+    the fused face.
     """
 
     degree: float = 100.0
@@ -31,6 +39,9 @@ class FuseOptions:
     blend: BlendMode = "multiband"
     swapper: str = "classic"
     evaluate: bool = True
+    relight: bool = True
+    reject_source_occluders: bool = True
+    keep_target_occluders: bool = True
 
     def __post_init__(self) -> None:
         for name in ("degree", "shape", "texture"):
@@ -46,6 +57,10 @@ class FuseOptions:
         if self.blend not in ("multiband", "poisson", "alpha"):
             raise InvalidArgumentError(f"blend must be multiband|poisson|alpha, not {self.blend!r}",
                                        code="invalid_blend")
+        for name in ("relight", "reject_source_occluders", "keep_target_occluders"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"{name} must be true or false",
+                                           code=f"invalid_{name}")
         if self.target_face_index is not None and self.target_face_index < 0:
             raise InvalidArgumentError("target_face_index must be >= 0",
                                        code="invalid_target_face_index")

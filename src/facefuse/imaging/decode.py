@@ -314,6 +314,18 @@ def _check_size(width: int, height: int, limits: DecodeLimits) -> None:
         )
 
 
+def check_header(data: bytes, limits: DecodeLimits) -> ImageInfo:
+    """Format allow-list and pixel limits from the header alone (cheap; no decoding).
+
+    Raises the typed errors :func:`decode_image` would (empty, unsupported format,
+    corrupt header, too large, too small), so a bomb or a 50000×50000 header can be
+    refused before any pixel is decoded.
+    """
+    info = probe_image(data)
+    _check_size(info.width, info.height, limits)
+    return info
+
+
 def _check_complete(data: bytes, fmt: ImageFormat) -> None:
     """Refuse files whose end is missing (Pillow alone lets some of these through)."""
     if fmt == "jpeg":

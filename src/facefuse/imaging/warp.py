@@ -309,21 +309,25 @@ def delaunay(points: npt.ArrayLike, rect: Region | None = None) -> I32:
     bw = int(np.ceil(hi[0])) + margin - bx0
     bh = int(np.ceil(hi[1])) + margin - by0
     subdiv = cv2.Subdiv2D((bx0, by0, bw, bh))
-    p32 = pts.astype(np.float32)
-    index: dict[tuple[float, float], int] = {}
-    for i, (x, y) in enumerate(p32.tolist()):
-        index.setdefault((x, y), i)
-    subdiv.insert([(x, y) for (x, y) in index])
-    tris = np.asarray(subdiv.getTriangleList(), dtype=np.float32).reshape(-1, 3, 2)
-    out = []
-    for tri in tris.tolist():
-        ids = [index.get((v[0], v[1]), -1) for v in tri]
-        if -1 in ids or len(set(ids)) < 3:
-            continue  # touches Subdiv2D's virtual outer vertices
-        out.append(ids)
-    if not out:
+    p32 = np.ascontiguousarray(pts.astype(np.float32) + np.float32(0.0))  # -0.0 → 0.0
+    # Each point's float32 (x, y) bit pattern as one int64 key: duplicates merge
+    # (the first index wins) and triangle corners map back to indices by search.
+    keys = p32.view(np.int64).reshape(-1)
+    uniq, first = np.unique(keys, return_index=True)
+    subdiv.insert([tuple(v) for v in p32[np.sort(first)].tolist()])
+    tris = np.ascontiguousarray(
+        np.asarray(subdiv.getTriangleList(), dtype=np.float32).reshape(-1, 3, 2))
+    corner = tris.view(np.int64).reshape(-1, 3)
+    pos = np.clip(np.searchsorted(uniq, corner), 0, len(uniq) - 1)
+    found = uniq[pos] == corner
+    ids = first[pos]
+    # Drop triangles touching Subdiv2D's virtual outer vertices (no match) or
+    # degenerate in indices.
+    keep = found.all(axis=1) & (ids[:, 0] != ids[:, 1]) & (ids[:, 1] != ids[:, 2]) & (
+        ids[:, 0] != ids[:, 2])
+    if not keep.any():
         return np.zeros((0, 3), dtype=np.int32)
-    result = np.asarray(out, dtype=np.int32)
+    result = ids[keep].astype(np.int32)
     v = pts[result]
     cross = (v[:, 1, 0] - v[:, 0, 0]) * (v[:, 2, 1] - v[:, 0, 1]) - (v[:, 2, 0] - v[:, 0, 0]) * (
         v[:, 1, 1] - v[:, 0, 1]
@@ -331,4 +335,5 @@ def delaunay(points: npt.ArrayLike, rect: Region | None = None) -> I32:
     result = result[np.abs(cross) > _MIN_AREA2]
     flip = cross[np.abs(cross) > _MIN_AREA2] < 0
     result[flip] = result[flip][:, [0, 2, 1]]
-    return result
+    out: I32 = result.astype(np.int32)
+    return out

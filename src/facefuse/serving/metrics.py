@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from facefuse.serving.cache import CacheStats
+from facefuse.serving.cache.lru import CacheStats
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",

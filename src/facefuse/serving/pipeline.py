@@ -1,24 +1,28 @@
-"""The asynchronous analysis and fusion pipeline behind the HTTP routes.
+"""The server's driver of the stages: concurrency only, no face logic.
 
-Per request, nothing CPU-heavy runs on the event loop:
+The stages themselves (:mod:`facefuse.faces.stages`), the face selection
+(:mod:`facefuse.fusion.select`) and the fusion (:meth:`FaceFuser.fuse_faces`) are
+the library's; this module decides where each piece runs. Per request, nothing
+CPU-heavy runs on the event loop:
 
-* image work — decode (+ pixel hash), letterboxing, ROI warps, chip cuts, the
-  fusion itself and encoding — runs in a bounded *CPU pool*;
-* model inputs of ONE image region at a time (a detector letterbox, a mesh ROI, an
-  eye ROI, a recognizer chip) are submitted to one :class:`MicroBatcher` per model,
-  which stacks the inputs of concurrent requests into one model call run in the
-  bounded *inference pool*. The batch function looks the model up in the registry
-  at every call, so a hot reload takes effect at the next batch while running
-  batches finish on the old session.
+* decoding (+ pixel hash), each stage's first step — letterboxing, ROI warps, chip
+  cuts — and the fusion and encoding run in a bounded *CPU pool*; the short steps
+  that decode a model's outputs run on the loop (see :meth:`Pipeline.run`);
+* each model call of a stage is answered by one :class:`MicroBatcher` per model,
+  which stacks the items of concurrent requests into one model run in the bounded
+  *inference pool* (models without a batcher, age and gender, run there directly).
+  The batch function looks the model up in the registry at every call, so a hot
+  reload takes effect at the next batch while running batches finish on the old
+  session.
 
 Each model has two batchers over the same pool: the batched one and a direct one
 (``enabled=False``: every item alone, no queue delay) for routes configured as
 latency-critical (``Settings.unbatched_routes``) or with batching switched off.
 
-The L1 cache (:class:`~facefuse.serving.cache.ByteLRU`) holds the analysis of one
+The L1 cache (:class:`~facefuse.serving.cache.lru.ByteLRU`) holds the analysis of one
 decoded image — faces with mesh, alignment and (when computed) embeddings — keyed by
 the SHA-256 of its pixels plus the model versions and analysis settings. Cached
-:class:`~facefuse.faces.types.Face` objects are shared and must not be mutated.
+:class:`~facefuse.faces.types.Face` objects are shared; they are immutable.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import copy
 import dataclasses
 import functools
 import logging
@@ -39,30 +42,29 @@ from typing import Any, TypeVar
 import numpy as np
 
 from facefuse.config import Settings
-from facefuse.errors import (
-    ImageTooLargeError,
-    ImageTooSmallError,
-    InvalidArgumentError,
-    NoFaceError,
-)
-from facefuse.faces.analyser import FaceAnalyser, StageTimer, make_face
-from facefuse.faces.recognizer import normalize
-from facefuse.faces.types import Detection, Face
-from facefuse.fusion.engine import FaceFuser, check_usable
-from facefuse.fusion.quality import cosine
+from facefuse.faces import stages
+from facefuse.faces.analyser import FaceAnalyser, StageTimer
+from facefuse.faces.stages import Done, FaceModels, ModelCall, Stage
+from facefuse.faces.types import Face
+from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.quality import identity_similarity
+from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.types import FuseOptions
-from facefuse.imaging.decode import DecodeLimits, decode_image, probe_image
+from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
 from facefuse.imaging.encode import content_type, encode_image
-from facefuse.models.registry import ModelRegistry
+from facefuse.runtime.batch_policy import batch_policy, warm_batch_sizes
+from facefuse.runtime.providers import device_of
+from facefuse.runtime.registry import ModelRegistry
+from facefuse.runtime.warmup import warm_up
 from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher
-from facefuse.serving.cache import ByteLRU, analysis_key, phash, pixels_sha256
+from facefuse.serving.cache.keys import analysis_key, phash, pixels_sha256
+from facefuse.serving.cache.lru import ByteLRU
 
 __all__ = [
     "Analysis",
     "FuseOutcome",
     "Pipeline",
     "RequestContext",
-    "check_header",
     "gather_all",
 ]
 
@@ -131,26 +133,6 @@ def _analysis_nbytes(a: Analysis) -> int:
     return ANALYSIS_OVERHEAD + sum(_face_nbytes(f) for f in a.faces)
 
 
-def check_header(data: bytes, limits: DecodeLimits) -> None:
-    """Format allow-list and pixel limit from the header alone (cheap; no decoding).
-
-    Raises the same typed errors :func:`~facefuse.imaging.decode.decode_image` would
-    (empty, unsupported format, corrupt header, too large, too small), so a bomb or a
-    50000×50000 header is refused before it reaches a worker thread.
-    """
-    info = probe_image(data)
-    if info.pixels > limits.max_pixels:
-        raise ImageTooLargeError(
-            f"the image is {info.width}×{info.height} = {info.pixels} pixels; "
-            f"the limit is {limits.max_pixels} pixels"
-        )
-    if min(info.width, info.height) < limits.min_side or info.pixels <= 1:
-        raise ImageTooSmallError(
-            f"the image is {info.width}×{info.height} pixels; each side must be at least "
-            f"{limits.min_side}"
-        )
-
-
 async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
     """Await all, in order; on the first failure cancel the rest and raise that error
     (not an ExceptionGroup)."""
@@ -200,12 +182,9 @@ class Pipeline:
         self.registry = registry
         self.metrics = metrics
         self.limits = DecodeLimits.from_settings(settings)
-        self.analyser = FaceAnalyser(settings, registry)
-        self.fuser = FaceFuser(settings, self.analyser)
-        self.det_name = "blazeface_full" if settings.detector == "full" else "blazeface_short"
-        self.model_names: tuple[str, ...] = tuple(
-            n for n in (self.det_name, "facemesh", "iris", "dlib_resnet") if registry.has(n)
-        )
+        self.fuser = FaceFuser(settings, FaceAnalyser(settings, registry))
+        self.model_names: tuple[str, ...] = self.models.names
+        self._unbatched = stages.registry_runner(registry)
         self.infer_pool: Executor = ThreadPoolExecutor(
             max(1, settings.inference_workers), thread_name_prefix="ff-infer"
         )
@@ -213,6 +192,10 @@ class Pipeline:
             max(1, settings.cpu_workers), thread_name_prefix="ff-cpu"
         )
         self.l1: ByteLRU[str, Analysis] = ByteLRU(settings.l1_cache_bytes, _analysis_nbytes)
+        # The models are loaded by now: the policy follows where they really run.
+        self.policy = batch_policy(settings, gpu=any(
+            device_of(registry.get(n).provider) != "cpu" for n in self.model_names))
+        log.info("batch policy", extra={"fields": self.policy.to_dict()})
         self._batched = {n: self._batcher(n, enabled=settings.batching) for n in self.model_names}
         self._direct = {n: self._batcher(n, enabled=False) for n in self.model_names}
         self._versions = self._model_versions()
@@ -228,8 +211,8 @@ class Pipeline:
             name,
             self._runner(name),
             executor=self.infer_pool,
-            max_batch_size=s.max_batch_size,
-            max_queue_delay_ms=s.max_queue_delay_ms,
+            max_batch_size=self.policy.max_batch_size,
+            max_queue_delay_ms=self.policy.max_queue_delay_ms,
             max_queue_size=s.max_queue_size,
             enabled=enabled,
             # As many batches of one model at a time as there are inference threads:
@@ -256,16 +239,22 @@ class Pipeline:
         return {name: m.spec.sha256[:16] for name, m in sorted(loaded.items())}
 
     @property
+    def models(self) -> FaceModels:
+        """The face models the stages run over (rebuilt on reload)."""
+        return self.fuser.analyser.models
+
+    @property
     def model_versions(self) -> dict[str, str]:
         """name → sha256 prefix of every loaded model (part of every cache key)."""
         return self._versions
 
     def warmup(self) -> None:
-        """Run each batched model once on zeros (first ORT runs are slow). Blocking."""
+        """Run each batched model on zeros at the batch sizes the batcher forms
+        (1, 8 and the largest): first ORT runs of a shape are slow, and on a GPU
+        each new shape may build kernels or a TensorRT engine. Blocking."""
+        sizes = warm_batch_sizes(self.policy.max_batch_size if self.settings.batching else 1)
         for name in self.model_names:
-            spec = self.registry.get(name).spec
-            shape = [1 if isinstance(d, str) else int(d) for d in spec.inputs[0].shape]
-            self.registry.get(name).run(np.zeros(shape, np.float32))
+            warm_up(self.registry.get(name), sizes)
 
     def start(self) -> None:
         """Start every batcher on the running event loop."""
@@ -315,9 +304,7 @@ class Pipeline:
     def _reload_blocking(self) -> list[str]:
         changed = self.registry.reload(self.model_names)
         if changed:
-            analyser = FaceAnalyser(self.settings, self.registry)
-            fuser = FaceFuser(self.settings, analyser)
-            self.analyser, self.fuser = analyser, fuser
+            self.fuser = FaceFuser(self.settings, FaceAnalyser(self.settings, self.registry))
         self._versions = self._model_versions()
         return changed
 
@@ -333,13 +320,13 @@ class Pipeline:
         async with self._active:
             yield
 
-    async def cpu(self, fn: Callable[..., T], *args: Any) -> T:
+    async def in_cpu_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the CPU pool (with the caller's context: request id)."""
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.cpu_pool, functools.partial(ctx.run, fn, *args))
 
-    async def infer(self, fn: Callable[..., T], *args: Any) -> T:
+    async def in_inference_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the inference pool (unbatched model calls)."""
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
@@ -361,7 +348,7 @@ class Pipeline:
         """
         check_header(data, self.limits)
         t = time.perf_counter()
-        rgb, digest = await self.cpu(self._decode_and_digest, data)
+        rgb, digest = await self.in_cpu_pool(self._decode_and_digest, data)
         ctx.timer.add("decode", t)
         return rgb, digest
 
@@ -375,11 +362,35 @@ class Pipeline:
             digest = pixels_sha256(rgb)
         return rgb, digest
 
+    # --- driving a stage ---------------------------------------------------------------
+
+    async def run(self, stage: Stage[T], ctx: RequestContext) -> T:
+        """Drive ``stage``: its model calls through the batchers (or the inference pool
+        for models without one).
+
+        The first step — cutting model inputs out of the image (letterbox, ROI and chip
+        warps) — runs in the CPU pool. The steps after a model call decode its outputs
+        (anchors and NMS, projecting points, 64-px eye crops: a millisecond or two) and
+        run on the event loop, as they did before the stages were shared: sent to the
+        pool they would queue behind whole fusions when it is busy.
+        """
+        step: ModelCall | Done[T] = await self.in_cpu_pool(stages.advance, stage, None)
+        while isinstance(step, ModelCall):
+            outputs = await self._answer(step, ctx)
+            step = stages.advance(stage, outputs)
+        return step.value
+
+    async def _answer(self, call: ModelCall, ctx: RequestContext) -> stages.Outputs:
+        if call.model in self._batched:
+            return await gather_all(self._submit(call.model, x, ctx) for x in call.inputs)
+        return await self.in_inference_pool(self._unbatched, call)
+
     # --- analysis ----------------------------------------------------------------------
 
     def _l1_key(self, digest: str) -> str:
         s = self.settings
-        options = {"detector": s.detector, "score": s.det_score_threshold,
+        options = {"detector": s.detector, "rotations": s.det_rotations,
+                   "score": s.det_score_threshold, "yunet_score": s.det_yunet_score_threshold,
                    "nms": s.det_nms_iou, "tile_above": s.det_tile_above}
         return analysis_key(digest, self._versions, options)
 
@@ -393,81 +404,29 @@ class Pipeline:
             ctx.l1.append("hit")
             return cached
         ctx.l1.append("miss")
+        models = self.models
         if cached is not None:  # geometry cached, embeddings wanted
-            faces = [copy.copy(f) for f in cached.faces]
+            faces = list(cached.faces)
         else:
-            detections = await self.detect(rgb, ctx)
-            faces = await self.mesh(rgb, detections, ctx)
-            faces.sort(key=lambda f: -f.area)
+            t = time.perf_counter()
+            detections = await self.run(stages.detect(models.detector, rgb, models.turns), ctx)
+            t = ctx.timer.add("detect", t)
+            faces = await self.run(stages.mesh(models.mesh, rgb, detections), ctx)
+            faces = stages.largest_first(faces)
+            ctx.timer.add("mesh", t)
         if embed and faces:
-            await self.embed(rgb, faces, ctx)
+            t = time.perf_counter()
+            faces = await self.run(stages.embed(models.recognizer, rgb, faces), ctx)
+            ctx.timer.add("embed", t)
         result = Analysis(tuple(faces), embed, int(rgb.shape[1]), int(rgb.shape[0]))
         self.l1.put(key, result)
         return result
 
-    async def detect(self, rgb: np.ndarray, ctx: RequestContext) -> list[Detection]:
-        """BlazeFace over the whole image (and tiles of large images), batched."""
-        t = time.perf_counter()
-        detector = self.analyser.detector
-        items = await self.cpu(detector.preprocess, rgb)
-        outs = await gather_all(self._submit(self.det_name, x, ctx) for x, _ in items)
-        regs = np.stack([o[0] for o in outs])
-        scores = np.stack([o[1] for o in outs])
-        dets = detector.postprocess(regs, scores, [box for _, box in items])
-        ctx.timer.add("detect", t)
-        return dets
-
-    async def mesh(
-        self, rgb: np.ndarray, detections: Sequence[Detection], ctx: RequestContext,
-        *, stage: str = "mesh",
+    async def attributes(
+        self, rgb: np.ndarray, faces: Sequence[Face], ctx: RequestContext
     ) -> list[Face]:
-        """Dense mesh (+ iris) for each detection, batched; Faces without embeddings."""
-        if not detections:
-            return []
-        t = time.perf_counter()
-        fm = self.analyser.mesh
-        rois = await self.cpu(lambda: [fm.roi(rgb, d) for d in detections])
-        outs = await gather_all(self._submit("facemesh", x, ctx) for x, _ in rois)
-        meshes = [fm.postprocess(o[0].reshape(-1), M) for o, (_, M) in zip(outs, rois, strict=True)]
-        presences = [fm.presence(o[1]) for o in outs]
-        if "iris" in self.model_names and fm.iris is not None:
-            eyes = await self.cpu(lambda: [fm.eye_rois(rgb, m) for m in meshes])
-            flat = [x for pair in eyes for x, _ in pair]
-            iris_out = await gather_all(self._submit("iris", x, ctx) for x in flat)
-            full = []
-            for i, m in enumerate(meshes):
-                contours = np.stack([iris_out[2 * i][0].reshape(-1),
-                                     iris_out[2 * i + 1][0].reshape(-1)])
-                irises = np.stack([iris_out[2 * i][1].reshape(-1),
-                                   iris_out[2 * i + 1][1].reshape(-1)])
-                full.append(fm.refine(m, contours, irises, [M for _, M in eyes[i]]))
-        else:
-            full = [fm.estimate_iris(m) for m in meshes]
-        faces = [
-            make_face(d, lm, p) for d, lm, p in zip(detections, full, presences, strict=True)
-        ]
-        ctx.timer.add(stage, t)
-        return faces
-
-    async def embed(
-        self, rgb: np.ndarray, faces: list[Face], ctx: RequestContext, *, stage: str = "embed"
-    ) -> None:
-        """Fill ``embedding_raw`` / ``embedding`` of each face (recognizer chips, batched)."""
-        t = time.perf_counter()
-        analyser = self.analyser
-        tensors = await self.cpu(lambda: analyser.recognizer.preprocess(analyser.chips(rgb, faces)))
-        outs = await gather_all(self._submit("dlib_resnet", x, ctx) for x in tensors)
-        for f, o in zip(faces, outs, strict=True):
-            raw = o[0].reshape(-1).astype(np.float32)
-            f.embedding_raw = raw
-            f.embedding = normalize(raw)
-        ctx.timer.add(stage, t)
-
-    async def attributes(self, rgb: np.ndarray, faces: Sequence[Face]) -> list[Face]:
         """Copies of ``faces`` with age / gender (small models, unbatched)."""
-        out = [copy.copy(f) for f in faces]
-        await self.infer(self.analyser.add_attributes, rgb, out)
-        return out
+        return await self.run(stages.attributes(self.models, rgb, faces), ctx)
 
     # --- fusion ------------------------------------------------------------------------
 
@@ -483,57 +442,41 @@ class Pipeline:
         reference: bytes | None = None,
         similarity: bool = True,
     ) -> FuseOutcome:
-        """Decode, analyse (L1), select, fuse, score and encode one request."""
-        blobs = [source, target] + ([reference] if reference is not None else [])
+        """Decode, analyse (L1), select, fuse, score and encode one request.
+
+        ``options.evaluate`` is ignored: the only figure a response carries is the
+        similarity (when ``similarity``).
+        """
+        plain = dataclasses.replace(options, evaluate=False)
+        needs = IdentityNeeds.of(plain, similarity=similarity)
+        blobs = [source, target]
+        if reference is not None and plain.mode == "reference":
+            blobs.append(reference)
+        with_reference = len(blobs) == 3
         decoded = await gather_all(self.decode(b, ctx) for b in blobs)
         (src_rgb, src_digest), (tgt_rgb, tgt_digest) = decoded[0], decoded[1]
-        want_target_embed = options.mode == "reference"
-        jobs = [self.analyse(src_rgb, src_digest, ctx, embed=True),
-                self.analyse(tgt_rgb, tgt_digest, ctx, embed=want_target_embed)]
-        if reference is not None:
+        jobs = [self.analyse(src_rgb, src_digest, ctx, embed=needs.source),
+                self.analyse(tgt_rgb, tgt_digest, ctx, embed=needs.target)]
+        if with_reference:
             jobs.append(self.analyse(decoded[2][0], decoded[2][1], ctx, embed=True))
         analyses = await gather_all(jobs)
-        fuser = self.fuser
-        _, _, src_face, notes = fuser.pick_source([(src_rgb, list(analyses[0].faces))])
-        check_usable(src_face, "source")
-        ref_face = None
-        if options.mode == "reference":
-            if len(analyses) < 3:
-                raise InvalidArgumentError(
-                    "mode 'reference' needs a reference image", code="reference_required"
-                )
-            if not analyses[2].faces:
-                raise NoFaceError("no face found in the reference image", code="reference_no_face")
-            ref_face = analyses[2].faces[0]
+        ref_faces = list(analyses[2].faces) if with_reference else None
         tgt_faces = list(analyses[1].faces)
-        chosen = fuser.select_targets(tgt_faces, options, ref_face)
-        for i in chosen:
-            check_usable(tgt_faces[i], "target")
+        chosen = select([list(analyses[0].faces)], tgt_faces, plain, ref_faces)
         t = time.perf_counter()
-        plain = dataclasses.replace(options, evaluate=False)
-        result = await self.cpu(
-            fuser.fuse_faces, src_rgb, src_face, tgt_rgb, tgt_faces, chosen, plain
-        )
+        result = await self.in_cpu_pool(self.fuser.fuse_faces, src_rgb, chosen.source_face, tgt_rgb,
+                                tgt_faces, list(chosen.targets), plain)
         ctx.timer.add("fuse", t)
         sim: float | None = None
-        if similarity and result.fused and result.fused[0].region[2] > result.fused[0].region[0]:
-            sim = await self._similarity(result.image, src_face, result.fused[0].target_face, ctx)
+        first = result.fused[0] if result.fused else None
+        if similarity and first is not None and first.region[2] > first.region[0]:
+            t = time.perf_counter()
+            out_face = await self.run(
+                stages.reanalyse(self.models, result.image, first.target_face), ctx)
+            sim = identity_similarity(out_face, chosen.source_face)
+            ctx.timer.add("evaluate", t)
         t = time.perf_counter()
-        body = await self.cpu(encode_image, result.image, fmt, quality)
+        body = await self.in_cpu_pool(encode_image, result.image, fmt, quality)
         ctx.timer.add("encode", t)
         return FuseOutcome(body, content_type(fmt), sim, len(result.fused),
-                           tuple(notes + result.notes))
-
-    async def _similarity(
-        self, output: np.ndarray, source_face: Face, target_face: Face, ctx: RequestContext
-    ) -> float | None:
-        """Identity similarity of the output face (re-analysed in place) to the source."""
-        if source_face.embedding is None:
-            return None
-        det = Detection(bbox=target_face.bbox, score=target_face.score,
-                        keypoints=target_face.keypoints)
-        faces = await self.mesh(output, [det], ctx, stage="evaluate")
-        await self.embed(output, faces, ctx, stage="evaluate")
-        if not faces or faces[0].embedding is None:
-            return None
-        return cosine(faces[0].embedding, source_face.embedding)
+                           tuple(chosen.notes) + tuple(result.notes))

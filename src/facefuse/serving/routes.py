@@ -20,11 +20,11 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from facefuse.errors import DeadlineExceededError, InvalidArgumentError, NoFaceError
-from facefuse.faces.recognizer import distance
+from facefuse.faces.recognizer import cosine_similarity, distance
 from facefuse.faces.types import Face
-from facefuse.fusion.quality import cosine
 from facefuse.fusion.types import FuseOptions
-from facefuse.serving.cache import CachedResult, result_key, sha256_hex
+from facefuse.serving.cache.keys import result_key, sha256_hex
+from facefuse.serving.cache.results import CachedResult
 from facefuse.serving.inputs import read_request, validate_params
 from facefuse.serving.metrics import STAGES
 from facefuse.serving.pipeline import FuseOutcome, RequestContext, gather_all
@@ -130,36 +130,18 @@ def _vector(v: np.ndarray | None) -> list[float]:
     return [] if v is None else [round(float(x), 6) for x in v]
 
 
-#: Inside L2, the identity similarity rides along in a content-type parameter.
-_SIM_PARAM = "facefuse-sim="
-
-
 def _pack(outcome: FuseOutcome) -> CachedResult:
-    ct = outcome.content_type
-    if outcome.similarity is not None:
-        ct += f"; {_SIM_PARAM}{outcome.similarity:.6f}"
-    return CachedResult(ct, outcome.body)
-
-
-def _unpack(cached: CachedResult) -> tuple[str, str | None]:
-    base, _, rest = cached.content_type.partition(";")
-    sim = None
-    for part in rest.split(";"):
-        part = part.strip()
-        if part.startswith(_SIM_PARAM):
-            sim = part[len(_SIM_PARAM):]
-    return base.strip(), sim
+    return CachedResult(outcome.body, outcome.content_type, outcome.similarity)
 
 
 def _image_response(
-    body: bytes, ctype: str, similarity: str | None, cache: str, ctx: RequestContext,
-    timing: dict[str, float],
+    result: CachedResult, cache: str, ctx: RequestContext, timing: dict[str, float],
 ) -> Response:
     headers = {"X-Facefuse-Cache": cache, "Server-Timing": server_timing(ctx, **timing),
                "Cache-Control": "no-store"}
-    if similarity is not None:
-        headers["X-Facefuse-Identity-Similarity"] = similarity
-    return Response(content=body, media_type=ctype, headers=headers)
+    if result.similarity is not None:
+        headers["X-Facefuse-Identity-Similarity"] = f"{result.similarity:.6f}"
+    return Response(content=result.body, media_type=result.media_type, headers=headers)
 
 
 # --- /v1 --------------------------------------------------------------------------------
@@ -187,7 +169,9 @@ async def fuse(request: Request) -> Response:
     params = validate_params(FuseParams, fields)
     options = FuseOptions(degree=params.degree, shape=params.shape, texture=params.texture,
                           mode=params.mode, target_face_index=params.target_face_index,
-                          blend=params.blend)
+                          blend=params.blend, relight=params.relight,
+                          reject_source_occluders=params.reject_source_occluders,
+                          keep_target_occluders=params.keep_target_occluders)
     reference = images.get("reference")
     if params.mode == "reference" and reference is None:
         raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
@@ -201,9 +185,8 @@ async def fuse(request: Request) -> Response:
     cached = await svc.l2.get(key)
     lookup_ms = (time.perf_counter() - t) * 1000.0
     if cached is not None:
-        ctype, sim = _unpack(cached)
         _mark(request, cache="hit")
-        return _image_response(cached.body, ctype, sim, "hit", ctx, {
+        return _image_response(cached, "hit", ctx, {
             "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
 
     async def compute() -> FuseOutcome:
@@ -220,8 +203,7 @@ async def fuse(request: Request) -> Response:
         observe_stages(svc, ctx)
     cache = "hit" if shared else "miss"
     _mark(request, cache=cache, l1=",".join(ctx.l1), faces_fused=outcome.faces_fused)
-    sim = f"{outcome.similarity:.6f}" if outcome.similarity is not None else None
-    return _image_response(outcome.body, outcome.content_type, sim, cache, ctx, {
+    return _image_response(_pack(outcome), cache, ctx, {
         "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
 
 
@@ -246,7 +228,7 @@ async def faces(request: Request) -> JSONResponse:
             analysis = await pipeline.analyse(rgb, digest, ctx, embed=False)
             found: list[Face] = list(analysis.faces)
             if params.attributes and found:
-                found = await pipeline.attributes(rgb, found)
+                found = await pipeline.attributes(rgb, found, ctx)
         return {"width": analysis.width, "height": analysis.height,
                 "faces": [_face_json(f, landmarks=params.landmarks) for f in found]}
 
@@ -324,7 +306,7 @@ async def verify(request: Request) -> JSONResponse:
     dist = float(distance(fa.embedding_raw, fb.embedding_raw))
     threshold = svc.settings.same_person_distance
     body = {
-        "similarity": round(cosine(fa.embedding, fb.embedding), 6),
+        "similarity": round(float(cosine_similarity(fa.embedding, fb.embedding)), 6),
         "distance": round(dist, 6),
         "threshold": threshold,
         "same_person": dist < threshold,
@@ -389,8 +371,7 @@ async def readyz(request: Request) -> JSONResponse:
     models_ok = pipeline is not None and all(
         n in pipeline.registry.loaded() for n in pipeline.model_names)
     batchers_ok = pipeline is not None and pipeline.running
-    ping = getattr(svc.l2, "ping", None)
-    l2_ok = bool(await ping()) if ping is not None else svc.l2.healthy
+    l2_ok = await svc.l2.ping()
     if not (models_ok and batchers_ok) or svc.draining:
         status, code = "not_ready", 503
     else:
@@ -398,7 +379,7 @@ async def readyz(request: Request) -> JSONResponse:
     body = {
         "status": status,
         "checks": {"models": models_ok, "batchers": batchers_ok,
-                   "l2": "redis" if ping is not None else "memory", "l2_healthy": l2_ok,
+                   "l2": svc.l2.kind, "l2_healthy": l2_ok,
                    "draining": svc.draining},
     }
     return JSONResponse(body, status_code=code)

@@ -41,6 +41,13 @@ class FuseParams(_Params):
     target_face_index: int | None = Field(None, ge=0, description="Face to replace in mode one "
                                           "(0 = largest).")
     blend: Literal["multiband", "poisson", "alpha"] = "multiband"
+    relight: bool = Field(True, description="Relight the source face with the target's "
+                          "lighting (spherical harmonics on the face mesh).")
+    reject_source_occluders: bool = Field(True, description="Show the target's own pixels "
+                                          "where something covers the source's face (hair, "
+                                          "glasses, a hand, a beard).")
+    keep_target_occluders: bool = Field(True, description="Keep whatever covers the target's "
+                                        "face (glasses, a hand, hair, a beard) on top.")
     format: Literal["jpeg", "png", "webp"] = Field("jpeg", description="Output format.")
     quality: int = Field(92, ge=1, le=100, description="JPEG / WebP quality.")
     similarity: bool = Field(True, description="Re-analyse the output and report the identity "

@@ -2,7 +2,8 @@
 
 API keys
 --------
-Two environment variables, each a list of entries separated by commas and/or
+Two settings (``Settings.api_keys`` / ``admin_keys``, read from these environment
+variables like every setting), each a list of entries separated by commas and/or
 whitespace (so a mounted secret file with one key per line works too)::
 
     FACEFUSE_API_KEYS="mobile:3fX9...,web:Qm7p..."     # may call /v1/* routes
@@ -42,10 +43,11 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from facefuse.config import Settings
 from facefuse.errors import (
     BodyTooLargeError,
     ForbiddenError,
@@ -128,8 +130,8 @@ def bearer_token(header: str | None) -> str:
 class ApiKeys:
     """The configured API keys; :meth:`check` authorises one request.
 
-    Build with :meth:`from_env` (reads FACEFUSE_API_KEYS and FACEFUSE_ADMIN_KEYS)
-    or :meth:`from_env_value`. See the module docstring for the format and rules.
+    Build with :meth:`from_settings` or :meth:`from_env_value`. See the module
+    docstring for the format and rules.
     """
 
     def __init__(self, keys: list[ApiKey]) -> None:
@@ -153,11 +155,9 @@ class ApiKeys:
         return cls(keys)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> ApiKeys:
-        """Read ``FACEFUSE_API_KEYS`` and ``FACEFUSE_ADMIN_KEYS`` from ``env``."""
-        return cls.from_env_value(
-            env.get("FACEFUSE_API_KEYS", ""), env.get("FACEFUSE_ADMIN_KEYS", "")
-        )
+    def from_settings(cls, settings: Settings) -> ApiKeys:
+        """The keys of ``settings.api_keys`` and ``settings.admin_keys``."""
+        return cls.from_env_value(settings.api_keys, settings.admin_keys)
 
     @property
     def enabled(self) -> bool:

@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from facefuse.config import Settings
 from facefuse.errors import ModelError
-from facefuse.serving.cache import ResultCache
+from facefuse.serving.cache.results import ResultCache
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.pipeline import Pipeline, RequestContext
 from facefuse.serving.security import ApiKeys
@@ -42,9 +42,11 @@ class ModelRow:
     file: str
     task: str
     size: int
+    #: Why a requested execution provider is not in use (empty: first choice runs).
+    fallbacks: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "fallbacks": list(self.fallbacks)}
 
 
 @dataclass
@@ -137,7 +139,7 @@ class Services:
             s = m.spec
             rows.append(ModelRow(name=name, version=s.sha256[:16], sha256=s.sha256,
                                  precision=s.precision, provider=m.provider, file=s.file,
-                                 task=s.task, size=s.size))
+                                 task=s.task, size=s.size, fallbacks=m.fallbacks))
         return rows
 
 

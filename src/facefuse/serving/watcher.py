@@ -21,7 +21,7 @@ from pathlib import Path
 from prometheus_client import Counter
 
 from facefuse.errors import FacefuseError
-from facefuse.models.manifest import MANIFEST_NAME
+from facefuse.runtime.manifest import MANIFEST_NAME
 from facefuse.serving.state import Services
 
 __all__ = ["fingerprint", "reload_now", "watch_models"]

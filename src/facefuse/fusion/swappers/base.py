@@ -21,13 +21,16 @@ class FaceLayer:
 
     ``face`` (h, w, 3) float32 RGB 0..255; ``mask`` (h, w) float32 in [0, 1],
     where the layer replaces the target; ``landmarks`` (N, 3) the mesh of the
-    rendered face in target-image pixels.
+    rendered face in target-image pixels; ``keep`` (h, w) float32 in [0, 1] or
+    None: where the target's own pixels go back on top after blending (what
+    covers the target's face), so no blend band reaches into them.
     """
 
     region: tuple[int, int, int, int]
     face: np.ndarray
     mask: np.ndarray
     landmarks: np.ndarray
+    keep: np.ndarray | None = None
 
 
 class Swapper(Protocol):

@@ -16,21 +16,37 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
+from facefuse.fusion import light
 from facefuse.fusion import mask as masks
+from facefuse.fusion import occlusion as occ
 from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.base import FaceLayer
-from facefuse.fusion.texture import transfer_lighting
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.color import match_sharpness
-from facefuse.imaging.warp import delaunay, piecewise_affine_maps, remap_region
+from facefuse.imaging.pixels import OpenCVPixels, PixelBackend
+from facefuse.imaging.warp import delaunay, piecewise_affine_maps
 
 #: Lighting-transfer blur as a fraction of the outer-eye-corner distance.
 LIGHTING_SIGMA_FRACTION = 0.2
+#: Clamp on the lighting transfer's per-pixel, per-channel gain.
+LIGHTING_MAX_GAIN = 3.0
 MESH_POINTS = 468
 #: Share of the target's own eye openings (lids, sclera, iris) kept in the layer:
 #: the lids are expression, and the source's lid texture squeezed into the target's
 #: lid shape reads as a different openness.
 EYE_KEEP = 0.4
+#: Share of the target's closed lips kept when the source's mouth is open.
+SOURCE_OPEN_LIPS_KEEP = 1.0
+#: Growth and feather of the rejected source occluders, in feather widths: the
+#: occluder's own soft edge (hair strands, a lens rim) must not bleed in.
+OCCLUDER_GROW = 0.15
+#: The source's occluders are found at this eye distance (pixels) when its face
+#: is larger: their mask is grown and feathered anyway, and it saves half their
+#: cost; smaller, the features would swallow what covers them.
+SOURCE_OCCLUDER_EYE_PX = 64.0
+_SHRINK = np.ones((3, 3), np.uint8)
+#: Exponent on the relighting gains (1 = the full change of lighting).
+RELIGHT_STRENGTH = 1.0
 
 
 #: Faces whose outer eye corners are further apart than this (pixels) are
@@ -61,13 +77,48 @@ def _crop_scaled(
     return np.ascontiguousarray(crop), pts
 
 
+#: Per-vertex fields (the relighting gains) are splatted on a grid this many times
+#: coarser than the working resolution and upsampled: they are smooth.
+FIELD_STEP = 4
+#: Splat radius (Gaussian σ) of the vertex fields, as a fraction of the eye distance:
+#: about the mesh's vertex spacing.
+FIELD_SIGMA_FRACTION = 0.08
+
+
+def _vertex_field(values: np.ndarray, points: np.ndarray, size: tuple[int, int],
+                  sigma: float) -> np.ndarray:
+    """Per-vertex RGB ``values`` (N, 3) at ``points`` (N, 2) spread into a smooth
+    (h, w, 3) float32 image of ``size`` = (w, h): normalised Gaussian splatting
+    (σ = ``sigma`` pixels) on a coarse grid, so the cost is a few small blurs."""
+    w, h = size
+    gw, gh = max(2, -(-w // FIELD_STEP)), max(2, -(-h // FIELD_STEP))
+    ix = np.clip(np.rint(points[:, 0] / FIELD_STEP).astype(int), 0, gw - 1)
+    iy = np.clip(np.rint(points[:, 1] / FIELD_STEP).astype(int), 0, gh - 1)
+    num: np.ndarray = np.zeros((gh, gw, 3), np.float32)
+    den: np.ndarray = np.zeros((gh, gw), np.float32)
+    np.add.at(num, (iy, ix), values.astype(np.float32))
+    np.add.at(den, (iy, ix), 1.0)
+    s = max(0.7, sigma / FIELD_STEP)
+    num = cv2.GaussianBlur(num, (0, 0), s, borderType=cv2.BORDER_REPLICATE)
+    den = cv2.GaussianBlur(den, (0, 0), s, borderType=cv2.BORDER_REPLICATE)
+    field = num / np.maximum(den, 1e-3)[..., None]
+    field[den < 1e-3] = 1.0
+    out: np.ndarray = cv2.resize(field, (w, h), interpolation=cv2.INTER_LINEAR)
+    return out
+
+
 class ClassicSwapper:
-    """The default swapper; needs only the analysis models."""
+    """The default swapper; needs only the analysis models.
+
+    ``pixels``: where the remaps and the lighting transfer run (default OpenCV).
+    """
 
     name = "classic"
 
-    def __init__(self, work_eye_px: float = WORK_EYE_PX) -> None:
+    def __init__(self, work_eye_px: float = WORK_EYE_PX,
+                 pixels: PixelBackend | None = None) -> None:
         self.work_eye_px = work_eye_px
+        self.pixels: PixelBackend = pixels or OpenCVPixels()
 
     def render(
         self,
@@ -101,12 +152,18 @@ class ClassicSwapper:
         src_scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(src_lm)))
         src_img, src_local = _crop_scaled(source_rgb, src_lm, 2 * masks.feather_px(src_lm),
                                           src_scale)
-        face, mask = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img), tgt_local,
-                                 dst_local, feather * scale, options)
+        face, mask, keep = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img),
+                                       tgt_local, dst_local, feather * scale, options)
         if scale < 1.0:
             face = cv2.resize(face, (w, h), interpolation=cv2.INTER_LINEAR)
             mask = cv2.resize(mask, (w, h), interpolation=cv2.INTER_LINEAR)
-        return FaceLayer(region, face, mask, dst)
+        if keep is not None:
+            # At full size the occluder's outline is re-drawn crisp (one pixel of
+            # growth covers its anti-aliased edge): its pixels must come back exactly.
+            if scale < 1.0:
+                keep = cv2.resize(keep, (w, h), interpolation=cv2.INTER_LINEAR)
+            keep = occ.soften((keep > 0.25).astype(np.float32), 1.0, 0.5)
+        return FaceLayer(region, face, mask, dst, keep)
 
     def _layer(
         self,
@@ -117,33 +174,71 @@ class ClassicSwapper:
         dst: np.ndarray,
         feather: float,
         options: FuseOptions,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Face layer (h, w, 3) float32 and blend mask (h, w) over the whole of
-        ``tgt_img``; all coordinates in the frames of the given images."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Face layer (h, w, 3) float32, blend mask (h, w) and the target's
+        occluders (h, w) float32 binary or None, over the whole of ``tgt_img``;
+        all coordinates in the frames of the given images."""
         h, w = tgt_img.shape[:2]
         frame = (0, 0, w, h)
         mesh_dst = dst[:MESH_POINTS, :2]
         tris = _triangles(mesh_dst, (w, h))
+        w_tex = options.texture_weight
+        relight = options.relight and w_tex > 0.0
+        src_occ = tgt_occ = None
+        if options.reject_source_occluders and w_tex > 0.0:
+            src_occ = occ.occluder_mask(
+                src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm)))
+        if options.keep_target_occluders:
+            tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
         ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
             [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]], mesh_dst, tris, frame)
         bg = tgt_img.astype(np.float32)
         outside = ~valid
         # Outside the mesh the maps are undefined: use the target's own pixels there,
         # so coarse pyramid levels of the blend never see invented content.
-        target_layer = remap_region(tgt_img, mx_t, my_t).astype(np.float32)
+        target_layer = self.pixels.remap(tgt_img, mx_t, my_t)
         target_layer[outside] = bg[outside]
         mask = masks.oval_mask(dst, frame, feather) * valid.astype(np.float32)
-        w_tex = options.texture_weight
+        if tgt_occ is not None:
+            tgt_occ = tgt_occ if tgt_occ.any() else None
+        if tgt_occ is not None:
+            mask *= 1.0 - occ.soften(tgt_occ, 1.0, 0.5)
         if w_tex <= 0.0:
-            return target_layer, mask
-        source_layer = remap_region(src_img, mx_s, my_s).astype(np.float32)
+            return target_layer, mask, tgt_occ
+        source_layer = self.pixels.remap(src_img, mx_s, my_s).astype(np.float32)
+        if relight:
+            gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
+                                      src_occ, tgt_occ)
+            source_layer *= _vertex_field(gains**RELIGHT_STRENGTH, mesh_dst, (w, h),
+                                          FIELD_SIGMA_FRACTION * eye_distance(dst))
         source_layer[outside] = target_layer[outside]
         skin = (mask > 0.5).astype(np.float32)
+        reject = None
+        if src_occ is not None:
+            warped = cv2.remap(src_occ, mx_s, my_s, cv2.INTER_LINEAR,
+                               borderMode=cv2.BORDER_CONSTANT, borderValue=1.0)
+            reject = occ.soften(warped, OCCLUDER_GROW * feather, OCCLUDER_GROW * feather)
+            # Nothing from beyond the source's face outline (its background, hair
+            # or collar where the mesh's edge overshoots): crisp, not grown.
+            # (shrunk by a pixel, so bilinear sampling at the edge reads no background).
+            inside = cv2.remap(cv2.erode(occ.outline_mask(src_lm, src_img.shape), _SHRINK),
+                               mx_s, my_s, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
+                               borderValue=0.0)
+            reject = np.maximum(reject, 1.0 - inside)
+            skin *= 1.0 - reject
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
-        source_layer = transfer_lighting(source_layer, target_layer, skin, sigma)
+        source_layer = self.pixels.lighting(source_layer, target_layer, skin, sigma,
+                                            LIGHTING_MAX_GAIN)
         source_layer = match_sharpness(source_layer, target_layer, skin)
         alpha = np.full(mask.shape, w_tex, np.float32)
-        alpha *= 1.0 - masks.mouth_interior_mask(dst, frame, feather)
+        if reject is not None:
+            alpha *= 1.0 - reject
+        if masks.mouth_open(dst):
+            alpha *= 1.0 - masks.lips_mask(dst, frame, feather)
+        elif masks.mouth_open(src_lm):
+            # The source's lips were parted: squeezed shut they would carry its teeth
+            # and inner lips into a closed mouth. The target's closed lips stay.
+            alpha *= 1.0 - SOURCE_OPEN_LIPS_KEEP * masks.lips_mask(dst, frame, feather)
         alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, frame, feather)
         face = target_layer + alpha[..., None] * (source_layer - target_layer)
-        return face, mask
+        return face, mask, tgt_occ

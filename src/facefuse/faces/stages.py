@@ -1,0 +1,340 @@
+"""The analysis stages, each defined once, driven by the library and the server.
+
+A stage is a generator: it does its CPU work (letterbox, ROI warps, chip cuts,
+projection back to image pixels), *yields* a :class:`ModelCall` — one model name
+and the model inputs of single items — receives the outputs of each item, and in
+the end *returns* its result. Nothing in a stage knows how the model is run:
+
+* the library (:class:`~facefuse.faces.analyser.FaceAnalyser`) drives a stage
+  with :func:`run_sync` and :func:`registry_runner`: all items of a call stacked
+  into one session run;
+* the server (``facefuse.serving.pipeline``) advances the same generator in its
+  CPU pool and answers each call through one micro-batcher per model, which may
+  stack the items of several requests.
+
+Stages:
+
+==================  =====================================================  ==========
+stage               does                                                   models
+==================  =====================================================  ==========
+:func:`detect`      letterbox (+ tiles) → detections, best first           detector
+:func:`mesh`        per detection: 468-point mesh, iris (478 points),      facemesh,
+                    five points and chip transform → :class:`Face`         iris
+:func:`embed`       aligned 150×150 chips → unit-norm identity vectors     dlib_resnet
+:func:`attributes`  age and gender chips → estimates                       age, gender
+==================  =====================================================  ==========
+
+Faces are immutable: stages return new :class:`Face` records
+(:func:`dataclasses.replace`) and never change the ones they are given, so the
+server can share them between requests through its cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+
+from facefuse.config import Settings
+from facefuse.faces.align import dlib_chip_transform, warp_chip
+from facefuse.faces.attributes import attribute_chip, read_age, read_gender
+from facefuse.faces.detectors import Detector, make_detector, turns_to_try
+from facefuse.faces.landmarker import FaceMesh
+from facefuse.faces.recognizer import Recognizer, normalize
+from facefuse.faces.rotation import (
+    REORIENT_BELOW,
+    REORIENT_TURNS,
+    rotate_image,
+    turned_detection,
+    unrotate_detection,
+)
+from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
+from facefuse.runtime.registry import LoadedModel, ModelRegistry
+
+T = TypeVar("T")
+
+#: Side of the dlib recognition chip, pixels, and its padding around the face.
+CHIP_SIZE = 150
+CHIP_PADDING = 0.25
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One request for model outputs.
+
+    Attributes:
+        model: the registry name of the model.
+        inputs: one array per item, *without* the batch axis (e.g. (3, 192, 192)).
+    """
+
+    model: str
+    inputs: tuple[np.ndarray, ...]
+
+
+#: Per item of a :class:`ModelCall`: that item's model outputs, batch axis removed.
+Outputs = list[list[np.ndarray]]
+#: A stage: yields model calls, is sent their outputs, returns its result.
+Stage = Generator[ModelCall, Outputs, T]
+
+
+@dataclass(frozen=True)
+class Done(Generic[T]):
+    """A finished stage's result (see :func:`advance`)."""
+
+    value: T
+
+
+class ModelRunner(Protocol):
+    """Answers a :class:`ModelCall` synchronously."""
+
+    def __call__(self, call: ModelCall) -> Outputs: ...
+
+
+def advance(stage: Stage[T], outputs: Outputs | None) -> ModelCall | Done[T]:
+    """Run ``stage`` up to its next model call (``outputs`` answer the previous one;
+    None to start it), or to its end.
+
+    Returns a value instead of raising :class:`StopIteration`, so the step can run
+    in a thread pool and come back through a future.
+    """
+    try:
+        return stage.send(outputs)  # type: ignore[arg-type]  # None starts a generator
+    except StopIteration as stop:
+        return Done(stop.value)
+
+
+def run_sync(stage: Stage[T], runner: ModelRunner) -> T:
+    """Drive ``stage`` to its end, answering every model call with ``runner``."""
+    step = advance(stage, None)
+    while isinstance(step, ModelCall):
+        step = advance(stage, runner(step))
+    return step.value
+
+
+def split_rows(outputs: Sequence[np.ndarray], n: int) -> Outputs:
+    """Batched model outputs (each with leading axis ``n``) → per-item rows."""
+    return [[np.array(o[i], copy=True) for o in outputs] for i in range(n)]
+
+
+def registry_runner(registry: ModelRegistry) -> ModelRunner:
+    """A runner that stacks all items of a call into one session run."""
+
+    def run(call: ModelCall) -> Outputs:
+        if not call.inputs:
+            return []
+        batch = np.ascontiguousarray(np.stack(call.inputs), dtype=np.float32)
+        return split_rows(registry.get(call.model).run(batch), len(call.inputs))
+
+    return run
+
+
+# --- the models the stages run over ------------------------------------------------------
+
+
+def registry_name(model: LoadedModel) -> str:
+    """The name a model is asked for in the registry: a precision variant
+    (``dlib_resnet.int8``) answers for its base (``dlib_resnet``)."""
+    return model.spec.base or model.spec.name
+
+
+@dataclass(frozen=True)
+class FaceModels:
+    """The detector, mesh and recognizer that the stages run over.
+
+    The wrappers hold the models only to read their specs (names, input sizes);
+    model runs go through the driver's runner.
+    """
+
+    detector: Detector
+    mesh: FaceMesh
+    recognizer: Recognizer
+    age: LoadedModel | None = None
+    gender: LoadedModel | None = None
+    #: Quarter turns of the image the detect stage tries, in order, until one has faces.
+    turns: tuple[int, ...] = (0,)
+
+    @classmethod
+    def from_registry(cls, settings: Settings, registry: ModelRegistry) -> FaceModels:
+        """The models ``settings`` choose, loaded (and verified) through ``registry``."""
+        iris = registry.get("iris") if registry.has("iris") else None
+        return cls(
+            detector=make_detector(settings, registry),
+            mesh=FaceMesh(registry.get("facemesh"), iris),
+            recognizer=Recognizer(registry.get("dlib_resnet")),
+            age=registry.get("age") if registry.has("age") else None,
+            gender=registry.get("gender") if registry.has("gender") else None,
+            turns=turns_to_try(settings),
+        )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Registry names of the detector, mesh, iris and recognizer models."""
+        iris = self.mesh.iris
+        return tuple(
+            registry_name(m)
+            for m in (self.detector.model, self.mesh.mesh, iris, self.recognizer.model)
+            if m is not None
+        )
+
+
+# --- the stages ------------------------------------------------------------------------
+
+
+def make_face(det: Detection, landmarks: np.ndarray, presence: float) -> Face:
+    """The Face record of one meshed detection: (478, 3) landmarks → five points
+    and the dlib chip transform; no embedding yet."""
+    return Face(
+        bbox=det.bbox.astype(np.float32),
+        score=float(det.score),
+        keypoints=det.keypoints.astype(np.float32),
+        landmarks=landmarks.astype(np.float32),
+        landmarks5=landmarks[list(MESH_FIVE_POINTS), :2].astype(np.float32),
+        chip_transform=dlib_chip_transform(landmarks, size=CHIP_SIZE, padding=CHIP_PADDING),
+        mesh_score=float(presence),
+    )
+
+
+def _stacked(outputs: Outputs) -> list[np.ndarray]:
+    """Per-item rows → one array per model output, items along the first axis."""
+    return [np.stack([row[k] for row in outputs]) for k in range(len(outputs[0]))]
+
+
+def detect(
+    detector: Detector, rgb: np.ndarray, turns: Sequence[int] = (0,)
+) -> Stage[list[Detection]]:
+    """All faces of an RGB uint8 (H, W, 3) image, best score first.
+
+    ``turns``: quarter turns of the image to try in order (see
+    :mod:`facefuse.faces.rotation`); the first that finds any face wins, and its
+    detections are mapped back to ``rgb``'s pixels.
+    """
+    h, w = rgb.shape[:2]
+    for k in turns:
+        items = detector.preprocess(rotate_image(rgb, k))
+        outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items))
+        regressors, scores = _stacked(outputs)[:2]
+        found = detector.postprocess(regressors, scores, [box for _, box in items])
+        if found:
+            return [unrotate_detection(d, k, w, h) for d in found]
+    return []
+
+
+def _dense_mesh(
+    fm: FaceMesh, rgb: np.ndarray, detections: Sequence[Detection]
+) -> Stage[tuple[list[np.ndarray], list[float]]]:
+    """The 468-point mesh and face-presence score of each detection."""
+    rois = [fm.roi(rgb, d) for d in detections]
+    outputs = yield ModelCall(registry_name(fm.mesh), tuple(x for x, _ in rois))
+    meshes = [fm.postprocess(o[0].reshape(-1), M) for o, (_, M) in zip(outputs, rois, strict=True)]
+    return meshes, [fm.presence(o[1]) for o in outputs]
+
+
+def _reoriented(
+    fm: FaceMesh, rgb: np.ndarray, detections: Sequence[Detection],
+    meshes: list[np.ndarray], presences: list[float],
+) -> Stage[None]:
+    """Meshes whose presence is below :data:`~facefuse.faces.rotation.REORIENT_BELOW`
+    fitted again in the other quarter turns of their ROI; the best turn replaces
+    the mesh in place (a detector may report an upside-down face as upright)."""
+    weak = [i for i, p in enumerate(presences) if p < REORIENT_BELOW]
+    if not weak:
+        return
+    tries = [turned_detection(detections[i], k) for i in weak for k in REORIENT_TURNS]
+    t_meshes, t_presences = yield from _dense_mesh(fm, rgb, tries)
+    n = len(REORIENT_TURNS)
+    for j, i in enumerate(weak):
+        for m, p in zip(t_meshes[j * n:(j + 1) * n], t_presences[j * n:(j + 1) * n], strict=True):
+            if p > presences[i]:
+                meshes[i], presences[i] = m, p
+
+
+def mesh(fm: FaceMesh, rgb: np.ndarray, detections: Sequence[Detection]) -> Stage[list[Face]]:
+    """Mesh (+ iris) of each detection, in the same order: Faces without embeddings.
+
+    A mesh with a low face-presence score is fitted again in the other quarter
+    turns of its ROI. With no iris model the 10 iris points are estimated from the
+    eye contours.
+    """
+    if not detections:
+        return []
+    meshes, presences = yield from _dense_mesh(fm, rgb, detections)
+    yield from _reoriented(fm, rgb, detections, meshes, presences)
+    if fm.iris is None:
+        full = [fm.estimate_iris(m) for m in meshes]
+    else:
+        eyes = [fm.eye_rois(rgb, m) for m in meshes]
+        iris_in = tuple(x for pair in eyes for x, _ in pair)
+        iris_out = yield ModelCall(registry_name(fm.iris), iris_in)
+        full = []
+        for i, m in enumerate(meshes):
+            left, right = iris_out[2 * i], iris_out[2 * i + 1]
+            contours = np.stack([left[0].reshape(-1), right[0].reshape(-1)])
+            irises = np.stack([left[1].reshape(-1), right[1].reshape(-1)])
+            full.append(fm.refine(m, contours, irises, [M for _, M in eyes[i]]))
+    return [make_face(d, lm, p) for d, lm, p in zip(detections, full, presences, strict=True)]
+
+
+def largest_first(faces: Sequence[Face]) -> list[Face]:
+    """The order every analysis reports faces in: largest box first."""
+    return sorted(faces, key=lambda f: -f.area)
+
+
+def chips(rgb: np.ndarray, faces: Sequence[Face]) -> np.ndarray:
+    """Aligned 150×150 RGB recognition chips, (N, 150, 150, 3) uint8."""
+    out = [warp_chip(rgb, f.chip_transform, CHIP_SIZE) for f in faces
+           if f.chip_transform is not None]
+    if not out:
+        return np.zeros((0, CHIP_SIZE, CHIP_SIZE, 3), np.uint8)
+    return np.stack(out)
+
+
+def embed(recognizer: Recognizer, rgb: np.ndarray, faces: Sequence[Face]) -> Stage[list[Face]]:
+    """Copies of ``faces`` with ``embedding_raw`` (dlib's (128,) vector) and the
+    unit-norm ``embedding``."""
+    if not faces:
+        return []
+    tensors = recognizer.preprocess(chips(rgb, faces))
+    outputs = yield ModelCall(registry_name(recognizer.model), tuple(tensors))
+    out = []
+    for f, o in zip(faces, outputs, strict=True):
+        raw = o[0].reshape(-1).astype(np.float32)
+        out.append(dataclasses.replace(f, embedding_raw=raw,
+                                       embedding=normalize(raw).astype(np.float32)))
+    return out
+
+
+def attributes(models: FaceModels, rgb: np.ndarray, faces: Sequence[Face]) -> Stage[list[Face]]:
+    """Copies of ``faces`` with age and gender (where those models are installed)."""
+    out = list(faces)
+    meshed = [i for i, f in enumerate(out) if f.landmarks is not None]
+    if models.age is not None and meshed:
+        spec = models.age.spec
+        outputs = yield ModelCall(registry_name(models.age), tuple(
+            attribute_chip(rgb, _mesh_of(out[i]), models.age) for i in meshed))
+        for i, o in zip(meshed, outputs, strict=True):
+            out[i] = dataclasses.replace(out[i], age=read_age(o[0], spec))
+    if models.gender is not None and meshed:
+        spec = models.gender.spec
+        outputs = yield ModelCall(registry_name(models.gender), tuple(
+            attribute_chip(rgb, _mesh_of(out[i]), models.gender) for i in meshed))
+        for i, o in zip(meshed, outputs, strict=True):
+            gender, score = read_gender(o[0], spec)
+            out[i] = dataclasses.replace(out[i], gender=gender, gender_score=score)
+    return out
+
+
+def _mesh_of(face: Face) -> np.ndarray:
+    assert face.landmarks is not None
+    return face.landmarks
+
+
+def reanalyse(models: FaceModels, rgb: np.ndarray, where: Face) -> Stage[Face]:
+    """The face of ``rgb`` at the place of ``where`` (its detection re-used): mesh and
+    embedding, e.g. to judge a fused output against its source."""
+    det = Detection(bbox=where.bbox, score=where.score, keypoints=where.keypoints)
+    faces = yield from mesh(models.mesh, rgb, [det])
+    embedded = yield from embed(models.recognizer, rgb, faces)
+    return embedded[0]

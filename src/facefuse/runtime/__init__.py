@@ -1,0 +1,1 @@
+"""The model runtime: execution providers, IO binding and warm-up."""

