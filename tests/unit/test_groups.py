@@ -18,6 +18,7 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.quality import visible_fraction
 from facefuse.fusion.select import MIN_EYE_DISTANCE_PX, split_usable, usability_error
 from facefuse.fusion.types import FuseOptions, FusionResult
 from facefuse.imaging.encode import encode_image
@@ -143,3 +144,29 @@ def test_cli_reports_skipped_faces(small_face_group: np.ndarray, sample_paths: d
     rc = cli_main(["fuse", str(sample_paths["astronaut"]), str(group), "-o", str(out),
                    "--mode", "many", "--min-face-size", "25"])
     assert rc == 0 and "fused 3 face(s)" in capsys.readouterr().out
+
+
+def test_visible_fraction_falls_as_the_poses_part(group_faces: list[Face]) -> None:
+    face = group_faces[0]
+    assert face.landmarks is not None
+    assert visible_fraction(face.landmarks, face.landmarks) == 1.0
+    seen = []
+    for deg in (10, 30, 50):
+        turned = turn_yaw(face, deg).landmarks
+        assert turned is not None
+        seen.append(visible_fraction(turned, face.landmarks))
+    assert 1.0 > seen[0] > seen[1] > seen[2] > 0.3, seen
+
+
+def test_each_fused_face_has_its_quality_figures(
+        fuser: FaceFuser, sample_images: dict[str, np.ndarray], small_face_group: np.ndarray,
+        group_faces: list[Face]) -> None:
+    result = fuser.fuse(sample_images["astronaut"], small_face_group, FuseOptions(mode="many"))
+    report = result.report()
+    faces = report["fused_faces"]
+    assert isinstance(faces, list) and len(faces) == 2
+    for f in faces:
+        q = f["quality"]
+        assert q["id_sim_source"] > q["id_sim_target"]
+        assert 0.0 <= q["source_yaw_diff"] < 45 and 0.0 <= q["source_pitch_diff"] < 45
+        assert 0.5 < q["visible_fraction"] <= 1.0
