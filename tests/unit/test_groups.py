@@ -18,9 +18,9 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
-from facefuse.fusion.quality import visible_fraction
 from facefuse.fusion.select import MIN_EYE_DISTANCE_PX, split_usable, usability_error
 from facefuse.fusion.types import FuseOptions, FusionResult
+from facefuse.fusion.visibility import visible_fraction
 from facefuse.imaging.encode import encode_image
 
 SMALL = 2  # the smallest face of the group, largest first

@@ -10,7 +10,8 @@
 * ``source_yaw_diff`` / ``source_pitch_diff``: head-pose difference source vs
   target in degrees (absolute): how far the fusion had to turn the source;
 * ``visible_fraction``: the share of the target face's area whose source surface
-  the source photo shows well (:func:`visible_fraction`), 1 for matching poses.
+  the source photo shows well (:func:`facefuse.fusion.visibility.visible_fraction`),
+  1 for matching poses.
 
 And the measurements on synthetic variants (see :mod:`facefuse.toolchain.synthetic`):
 occluder survival and leak, the lighting gradient left, the boundary tone ΔE.
@@ -22,14 +23,13 @@ import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
-from facefuse.faces.landmarker import MESH_POINTS
 from facefuse.faces.recognizer import cosine_similarity
 from facefuse.faces.types import Face
 from facefuse.fusion.geometry import eye_distance, openness, relative_pose
 from facefuse.fusion.mask import boundary_band
 from facefuse.fusion.occlusion import fit_skin_model, skin_probability
+from facefuse.fusion.visibility import visible_fraction
 from facefuse.imaging.color import rgb_to_lab
-from facefuse.imaging.warp import delaunay
 
 
 def identity_similarity(face: Face, source: Face) -> float | None:
@@ -83,43 +83,6 @@ def compare_faces(output_face: Face, source_face: Face, target_face: Face) -> di
         q["source_yaw_diff"], q["source_pitch_diff"] = abs(yaw), abs(pitch)
         q["visible_fraction"] = visible_fraction(source_face.landmarks, target_face.landmarks)
     return q
-
-
-#: A triangle is seen well enough in the source when its foreshortening there
-#: (projected area / surface area) is at least this share of the target's.
-MIN_RELATIVE_FORESHORTENING = 0.5
-
-
-def _areas(points: np.ndarray, tris: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Signed projected (image) areas and unsigned surface areas of ``tris``."""
-    a, b, c = points[tris[:, 0]], points[tris[:, 1]], points[tris[:, 2]]
-    u, v = b - a, c - a
-    signed = 0.5 * (u[:, 0] * v[:, 1] - u[:, 1] * v[:, 0])
-    surface = 0.5 * np.linalg.norm(np.cross(u, v), axis=1)
-    return signed, surface
-
-
-def visible_fraction(source_lm: np.ndarray, target_lm: np.ndarray) -> float:
-    """Share (0..1) of the target face's image area whose surface is visible in the
-    source: the face mesh's 468 points triangulated in the target, each triangle
-    counted when it is not folded over in the source (same winding: front-facing)
-    and its foreshortening there is at least :data:`MIN_RELATIVE_FORESHORTENING`
-    of the target's. Landmarks (478, 3) in pixels (z as the landmarker gives it)."""
-    n = MESH_POINTS
-    src = np.asarray(source_lm[:n], np.float64)
-    tgt = np.asarray(target_lm[:n], np.float64)
-    tris = delaunay(tgt[:, :2])
-    t_signed, t_surface = _areas(tgt, tris)
-    s_signed, s_surface = _areas(src, tris)
-    weight = np.abs(t_signed)
-    total = float(weight.sum())
-    if total <= 0:
-        return 0.0
-    cos_t = np.abs(t_signed) / np.maximum(t_surface, 1e-9)
-    cos_s = np.abs(s_signed) / np.maximum(s_surface, 1e-9)
-    seen = (np.sign(s_signed) == np.sign(t_signed)) & (
-        cos_s >= MIN_RELATIVE_FORESHORTENING * cos_t)
-    return float(weight[seen].sum() / total)
 
 
 # --- measurements on synthetic variants (tests and bench/fuse_quality.py) ----------------
