@@ -76,6 +76,19 @@ def group_photo(images: dict[str, np.ndarray], names: list[str], height: int = 7
     return np.ascontiguousarray(np.concatenate(tiles, axis=1))
 
 
+#: A group of three with known face sizes: faces 0 and 1 fusable, face 2 (the smallest,
+#: about 35 px between the outer eye corners) just below the default limit of 40.
+SMALL_FACE_LINEUP = (("obama", 110.0), ("biden", 100.0), ("obama3", 60.0))
+
+
+@pytest.fixture(scope="session")
+def small_face_group(sample_images: dict[str, np.ndarray]) -> np.ndarray:
+    """RGB uint8 (280, W, 3): :data:`SMALL_FACE_LINEUP` side by side on grey."""
+    from facefuse.toolchain.detection_sets import lineup
+
+    return lineup(sample_images, SMALL_FACE_LINEUP, height=280).image
+
+
 @pytest.fixture(scope="session")
 def make_group(sample_images: dict[str, np.ndarray]) -> Callable[..., np.ndarray]:
     """``make_group(["biden", "obama2"])``: see :func:`group_photo`."""

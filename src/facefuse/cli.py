@@ -150,6 +150,7 @@ def _fuse_options(args: argparse.Namespace) -> Any:
         target_face_index=args.target_face_index, blend=args.blend, swapper=args.swapper,
         relight=args.relight, reject_source_occluders=args.source_occluders,
         keep_target_occluders=args.target_occluders,
+        **({} if args.min_face_size is None else {"min_face_size": args.min_face_size}),
     )
 
 
@@ -190,6 +191,10 @@ def cmd_fuse(args: argparse.Namespace) -> int:
           + (f" ({summary})" if summary else ""))
     for note in result.notes:
         print(f"  note: {note}")
+    for s in result.skipped:
+        x0, y0, x1, y1 = (round(v) for v in s.box)
+        print(f"  skipped face [{s.target_index}] box ({x0},{y0})-({x1},{y1}): "
+              f"{s.reason}: {s.message}")
     return 0
 
 
@@ -341,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="face mapping, repeatable: source image SRC (its face FACE, default "
                    "0 = largest) replaces target face TARGET (an index, largest first, or a "
                    "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
+    f.add_argument("--min-face-size", type=float, metavar="PX",
+                   help="smallest face used (source or target), in pixels between the outer eye "
+                   "corners (16..1024, default 40); in mode many and with --map, smaller "
+                   "faces (and faces in profile) are skipped and listed, not fatal")
     f.add_argument("--blend", choices=["multiband", "poisson", "alpha"], default="multiband")
     f.add_argument("--swapper", default="classic", help="classic or a registered ONNX swapper")
     f.add_argument("--no-relight", dest="relight", action="store_false",

@@ -277,3 +277,43 @@ def test_replicas_share_templates_through_redis(settings: Settings, model_dir: P
             assert b.stop() in GRACEFUL_EXIT, b.log_tail()
     finally:
         assert a.stop() in GRACEFUL_EXIT, a.log_tail()
+
+
+def test_many_mode_skips_the_small_face_and_says_so(
+        client: httpx.Client, sample_paths: dict[str, Path],
+        small_face_group: np.ndarray) -> None:
+    group_png = encode_image(small_face_group, "png")
+    boxes = [f["bbox"] for f in _faces(client, group_png)]
+    files = {"source": ("a.png", sample_paths["astronaut"].read_bytes(), "image/png"),
+             "target": ("g.png", group_png, "image/png")}
+    r = client.post("/v1/fuse", files=files, data={"mode": "many", "format": "png"})
+    assert r.status_code == 200, r.text
+    skipped = json.loads(r.headers["x-facefuse-skipped-faces"])
+    assert [(s["index"], s["reason"]) for s in skipped] == [(2, "target_face_too_small")]
+    assert skipped[0]["box"] == [round(v) for v in boxes[2]]  # type: ignore[attr-defined]
+    out = _decode(r.content)
+    x0, y0, x1, y1 = skipped[0]["box"]
+    assert np.array_equal(out[y0:y1, x0:x1], small_face_group[y0:y1, x0:x1])
+    for box in boxes[:2]:
+        bx0, by0, bx1, by1 = (int(v) for v in box)  # type: ignore[attr-defined]
+        assert np.any(out[by0:by1, bx0:bx1] != small_face_group[by0:by1, bx0:bx1])
+    # the header survives the result cache
+    again = client.post("/v1/fuse", files=files, data={"mode": "many", "format": "png"})
+    assert again.headers["x-facefuse-cache"] == "hit"
+    assert again.headers["x-facefuse-skipped-faces"] == r.headers["x-facefuse-skipped-faces"]
+    # a lower limit fuses all three; a limit above every face fails the request
+    low = client.post("/v1/fuse", files=files,
+                      data={"mode": "many", "format": "png", "min_face_size": "25"})
+    assert low.status_code == 200 and "x-facefuse-skipped-faces" not in low.headers
+    big_source = {**files, "source": ("o.jpg", sample_paths["obama"].read_bytes(), "image/jpeg")}
+    high = client.post("/v1/fuse", files=big_source, data={"mode": "many", "min_face_size": "100"})
+    assert _error(high, 422) == "target_face_too_small"
+    assert _error(client.post("/v1/fuse", files=files, data={"min_face_size": "8"}),
+                  422) == "invalid_argument"
+    # mode one keeps its error for that face
+    one = client.post("/v1/fuse", files=files, data={"target_face_index": "2"})
+    assert _error(one, 422) == "target_face_too_small"
+    caps = client.get("/v1/capabilities").json()
+    assert caps["options"]["min_face_size"] == {"type": "number", "minimum": 16.0,
+                                                "maximum": 1024.0, "default": 40.0}
+    assert caps["limits"]["skipped_faces_header"] == "X-Facefuse-Skipped-Faces"

@@ -192,7 +192,7 @@ def test_bad_options_are_typed_errors(bad: dict[str, object]) -> None:
 
 
 def test_profile_faces_are_refused_with_a_typed_error(analysed: dict[str, list[Face]]) -> None:
-    from dataclasses import replace
+    from face_poses import turn_yaw
 
     from facefuse.errors import FaceProfileError
     from facefuse.fusion.geometry import head_pose
@@ -200,12 +200,7 @@ def test_profile_faces_are_refused_with_a_typed_error(analysed: dict[str, list[F
 
     face = analysed["obama"][0]
     check_usable(face, "source")  # the frontal original is fine
-    assert face.landmarks is not None
-    lm = face.landmarks.astype(np.float64)
-    centre = lm.mean(0)
-    a = math.radians(70)
-    rot = np.array([[math.cos(a), 0, math.sin(a)], [0, 1, 0], [-math.sin(a), 0, math.cos(a)]])
-    turned = replace(face, landmarks=((lm - centre) @ rot.T + centre).astype(np.float32))
+    turned = turn_yaw(face, 70)
     assert turned.landmarks is not None and abs(head_pose(turned.landmarks)[0]) > 50
     with pytest.raises(FaceProfileError) as exc:
         check_usable(turned, "target")

@@ -93,6 +93,9 @@ class FaceFuser:
             target: the image to change.
             options: a :class:`FuseOptions`, or pass its fields as keywords
                 (``degree=60``, ``mode="many"``, ...).
+                In ``many`` mode and with a mapping, faces that cannot be fused are
+                skipped and listed in ``result.skipped``; the call fails only when
+                none can be fused.
             reference: for ``mode="reference"``, an image of the person to replace.
             mapping: which source face replaces which target face (see
                 :mod:`facefuse.fusion.mapping`); overrides ``mode``. Sources are then
@@ -121,9 +124,10 @@ class FaceFuser:
             ref_faces = self.analyser.analyse(reference)
         t = timer.add("analyse_target", t)
         if pairs is not None:
-            mapped = resolve(pairs, src_faces, tgt_faces)
+            mapped, skipped = resolve(pairs, src_faces, tgt_faces, options.min_face_size)
             result = self.fuse_mapped(src_decoded, mapped, tgt_rgb, tgt_faces, options)
             result.timings_ms = {**timer.ms, **result.timings_ms}
+            result.skipped = skipped
             return result
         chosen = select(src_faces, tgt_faces, options, ref_faces)
         src_rgb = src_decoded[chosen.source_index]
@@ -131,6 +135,7 @@ class FaceFuser:
                                  list(chosen.targets), options)
         result.timings_ms = {**timer.ms, **result.timings_ms}
         result.notes = list(chosen.notes) + result.notes
+        result.skipped = list(chosen.skipped)
         return result
 
     def fuse_faces(

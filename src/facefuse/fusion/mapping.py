@@ -11,9 +11,11 @@ CLI (``--map``) and the HTTP API (the ``mapping`` field)::
 Face indices count largest first, as :mod:`facefuse.faces.stages` orders them. A
 rectangle ``[x0, y0, x1, y1]`` (target pixels) names the target face whose box
 overlaps it most (intersection over union of at least :data:`MIN_RECT_IOU`, or
-whose box centre lies inside it). Resolution is part of face selection
-(:func:`facefuse.fusion.select.check_usable` checks every chosen face) and raises
-:class:`~facefuse.errors.MappingError` with a code naming the problem.
+whose box centre lies inside it). Resolution is part of face selection and raises
+:class:`~facefuse.errors.MappingError` with a code naming the problem. A pair whose
+source or target face cannot be fused (too small, in profile, no landmarks: see
+:func:`facefuse.fusion.select.usability_error`) is skipped and reported; only a
+mapping none of whose pairs can be fused fails.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from facefuse.errors import MappingError, NoFaceError
+from facefuse.errors import FaceError, MappingError, NoFaceError
 from facefuse.faces.types import Face
-from facefuse.fusion.select import check_usable
+from facefuse.fusion.select import none_fusable, skipped_face, usability_error
+from facefuse.fusion.types import MIN_EYE_DISTANCE_PX, SkippedFace
 
 #: Most pairs in one mapping (and source images in one request).
 MAX_MAPPINGS = 6
@@ -169,21 +172,30 @@ def resolve(
     pairs: Sequence[FacePair],
     sources: Sequence[Sequence[Face]],
     targets: Sequence[Face],
-) -> list[MappedFace]:
+    min_eye_distance: float = MIN_EYE_DISTANCE_PX,
+) -> tuple[list[MappedFace], list[SkippedFace]]:
     """Match a parsed mapping against analysed faces and check each chosen face.
 
     Args:
         pairs: from :func:`parse_mapping`.
         sources: the faces of each source image (largest first).
         targets: the faces of the target image (largest first).
+        min_eye_distance: the smallest usable face (pixels between the outer eye corners).
+
+    Returns:
+        The pairs to fuse, and the target faces skipped because their pair's source
+        or target face cannot be fused (reason ``source_face_too_small``, ...).
 
     Raises:
         MappingError: an index out of range, a rectangle without a face, a target twice.
-        NoFaceError / FaceTooSmallError / FaceProfileError: a named face is unusable.
+        NoFaceError / FaceTooSmallError / FaceProfileError: no pair can be fused (the
+            first pair's reason).
     """
     if not targets:
         raise NoFaceError("no face found in the target image", code="target_no_face")
     out: list[MappedFace] = []
+    skipped: list[SkippedFace] = []
+    first: FaceError | None = None
     seen: dict[int, int] = {}
     for n, p in enumerate(pairs):
         if p.source >= len(sources):
@@ -208,7 +220,13 @@ def resolve(
             raise MappingError(f"mapping[{n}] and mapping[{seen[t]}] both replace target "
                                f"face {t}", code="mapping_duplicate_target")
         seen[t] = n
-        check_usable(faces[p.source_face], "source")
-        check_usable(targets[t], "target")
-        out.append(MappedFace(p.source, faces[p.source_face], t))
-    return out
+        err = (usability_error(faces[p.source_face], "source", min_eye_distance)
+               or usability_error(targets[t], "target", min_eye_distance))
+        if err is None:
+            out.append(MappedFace(p.source, faces[p.source_face], t))
+        else:
+            first = first or err
+            skipped.append(skipped_face(t, targets[t], err))
+    if not out and first is not None:
+        raise none_fusable(first, len(pairs))
+    return out, skipped

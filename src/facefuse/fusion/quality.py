@@ -6,7 +6,12 @@
   target in degrees (absolute), from the meshes' expression-stable points;
 * ``mouth_diff`` / ``eye_diff``: openness ratio differences output vs target;
 * ``seam_energy_output`` / ``seam_energy_target`` / ``seam_ratio``: mean
-  squared gradient magnitude in the mask's transition band, output vs target.
+  squared gradient magnitude in the mask's transition band, output vs target;
+* ``source_yaw_diff`` / ``source_pitch_diff``: head-pose difference source vs
+  target in degrees (absolute): how far the fusion had to turn the source;
+* ``visible_fraction``: the share of the target face's area whose source surface
+  the source photo shows well (:func:`facefuse.fusion.visibility.visible_fraction`),
+  1 for matching poses.
 
 And the measurements on synthetic variants (see :mod:`facefuse.toolchain.synthetic`):
 occluder survival and leak, the lighting gradient left, the boundary tone ΔE.
@@ -23,6 +28,7 @@ from facefuse.faces.types import Face
 from facefuse.fusion.geometry import eye_distance, openness, relative_pose
 from facefuse.fusion.mask import boundary_band
 from facefuse.fusion.occlusion import fit_skin_model, skin_probability
+from facefuse.fusion.visibility import visible_fraction
 from facefuse.imaging.color import rgb_to_lab
 
 
@@ -72,6 +78,10 @@ def compare_faces(output_face: Face, source_face: Face, target_face: Face) -> di
         q["mouth_diff"] = abs(o["mouth"] - t["mouth"])
         q["eye_diff"] = max(abs(o["eye_image_left"] - t["eye_image_left"]),
                             abs(o["eye_image_right"] - t["eye_image_right"]))
+    if source_face.landmarks is not None and target_face.landmarks is not None:
+        yaw, pitch, _ = relative_pose(source_face.landmarks, target_face.landmarks)
+        q["source_yaw_diff"], q["source_pitch_diff"] = abs(yaw), abs(pitch)
+        q["visible_fraction"] = visible_fraction(source_face.landmarks, target_face.landmarks)
     return q
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from facefuse.errors import (
+    FaceError,
     FaceIndexError,
     FaceProfileError,
     FaceTooSmallError,
@@ -24,10 +25,12 @@ from facefuse.errors import (
 from facefuse.faces.types import Face
 from facefuse.fusion.geometry import eye_distance, head_pose
 from facefuse.fusion.quality import identity_similarity
-from facefuse.fusion.types import FuseOptions
+from facefuse.fusion.types import MIN_EYE_DISTANCE_PX, FuseOptions, SkippedFace
 
-#: Faces whose outer eye corners are closer than this (pixels) are too small to fuse well.
-MIN_EYE_DISTANCE_PX = 40.0
+__all__ = ["MAX_ABS_YAW_DEG", "MIN_EYE_DISTANCE_PX", "IdentityNeeds", "Selection",
+           "check_usable", "none_fusable", "pick_source", "reference_face", "select",
+           "select_targets", "skipped_face", "split_usable", "usability_error"]
+
 #: Faces turned further than this (degrees of yaw) are too far in profile.
 MAX_ABS_YAW_DEG = 50.0
 
@@ -63,12 +66,14 @@ class Selection:
         source_face: the face whose identity is fused in.
         targets: indices into the target's faces (largest first) to fuse into.
         notes: human-readable remarks (several faces, several source images).
+        skipped: chosen target faces that cannot be fused (``many`` mode only).
     """
 
     source_index: int
     source_face: Face
     targets: tuple[int, ...]
     notes: tuple[str, ...]
+    skipped: tuple[SkippedFace, ...] = ()
 
 
 def frontalness(face: Face) -> float:
@@ -78,19 +83,69 @@ def frontalness(face: Face) -> float:
     return max(0.0, math.cos(math.radians(head_pose(face.landmarks)[0])))
 
 
-def check_usable(face: Face, which: str) -> None:
-    """Raise a typed error naming ``which`` image when the face cannot be fused well."""
-    assert face.landmarks is not None
+def usability_error(face: Face, which: str,
+                    min_eye_distance: float = MIN_EYE_DISTANCE_PX) -> FaceError | None:
+    """The typed error (code naming ``which`` image) that makes ``face`` unusable:
+    no mesh, fewer than ``min_eye_distance`` pixels between the outer eye corners, or
+    turned past :data:`MAX_ABS_YAW_DEG`; None when it can be fused."""
+    if face.landmarks is None:
+        return FaceError(f"the {which} face's landmarks could not be found",
+                         code=f"{which}_face_landmarks_failed")
     d = eye_distance(face.landmarks)
-    if d < MIN_EYE_DISTANCE_PX:
-        raise FaceTooSmallError(
+    if d < min_eye_distance:
+        return FaceTooSmallError(
             f"the {which} face is too small to fuse: {d:.0f} px between the outer eye corners "
-            f"(need at least {MIN_EYE_DISTANCE_PX:.0f})", code=f"{which}_face_too_small")
+            f"(need at least {min_eye_distance:.0f})", code=f"{which}_face_too_small")
     yaw = head_pose(face.landmarks)[0]
     if abs(yaw) > MAX_ABS_YAW_DEG:
-        raise FaceProfileError(
+        return FaceProfileError(
             f"the {which} face is too far in profile to fuse well (yaw {yaw:+.0f}°, "
             f"limit ±{MAX_ABS_YAW_DEG:.0f}°)", code=f"{which}_face_profile")
+    return None
+
+
+def check_usable(face: Face, which: str,
+                 min_eye_distance: float = MIN_EYE_DISTANCE_PX) -> None:
+    """Raise :func:`usability_error`'s error when the face cannot be fused well."""
+    err = usability_error(face, which, min_eye_distance)
+    if err is not None:
+        raise err
+
+
+def skipped_face(index: int, face: Face, err: FaceError) -> SkippedFace:
+    """The report of target face ``index`` left out because of ``err``."""
+    x0, y0, x1, y1 = (float(v) for v in face.bbox[:4])
+    return SkippedFace(index, (x0, y0, x1, y1), err.code, err.message)
+
+
+def split_usable(faces: Sequence[Face], chosen: Sequence[int],
+                 min_eye_distance: float = MIN_EYE_DISTANCE_PX,
+                 ) -> tuple[list[int], list[SkippedFace]]:
+    """``chosen`` target faces split into those that can be fused and those skipped.
+
+    Raises the largest chosen face's error (its own class and code, the message
+    saying none could be fused) when no chosen face is usable.
+    """
+    usable: list[int] = []
+    skipped: list[SkippedFace] = []
+    first: FaceError | None = None
+    for i in chosen:
+        err = usability_error(faces[i], "target", min_eye_distance)
+        if err is None:
+            usable.append(i)
+            continue
+        first = first or err
+        skipped.append(skipped_face(i, faces[i], err))
+    if not usable and first is not None:
+        raise none_fusable(first, len(chosen))
+    return usable, skipped
+
+
+def none_fusable(first: FaceError, count: int) -> FaceError:
+    """The error of a request none of whose ``count`` chosen faces can be fused:
+    the first one's class and code, saying so."""
+    return type(first)(f"none of the {count} chosen face(s) can be fused; the first: "
+                       f"{first.message}", code=first.code)
 
 
 def pick_source(candidates: Sequence[Sequence[Face]]) -> tuple[int, Face, list[str]]:
@@ -157,12 +212,15 @@ def select(
     Args:
         sources: the faces of each source image (largest first).
         targets: the faces of the target image (largest first).
-        options: the fusion options (mode, target face index).
+        options: the fusion options (mode, target face index, smallest face).
         reference: the faces of the reference image, if one was given.
     """
     index, source, notes = pick_source(sources)
-    check_usable(source, "source")
+    check_usable(source, "source", options.min_face_size)
     chosen = select_targets(targets, options, reference_face(options, reference))
+    if options.mode == "many":
+        usable, skipped = split_usable(targets, chosen, options.min_face_size)
+        return Selection(index, source, tuple(usable), tuple(notes), tuple(skipped))
     for i in chosen:
-        check_usable(targets[i], "target")
+        check_usable(targets[i], "target", options.min_face_size)
     return Selection(index, source, tuple(chosen), tuple(notes))

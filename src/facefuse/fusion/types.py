@@ -13,6 +13,11 @@ from facefuse.faces.types import Face
 BlendMode = Literal["multiband", "poisson", "alpha"]
 TargetMode = Literal["one", "many", "reference"]
 
+#: Default smallest usable face: pixels between the outer eye corners.
+MIN_EYE_DISTANCE_PX = 40.0
+#: The range a caller may set ``min_face_size`` in (pixels between the outer eye corners).
+MIN_FACE_SIZE_RANGE = (16.0, 1024.0)
+
 
 @dataclass(frozen=True)
 class FuseOptions:
@@ -29,6 +34,11 @@ class FuseOptions:
     face is covered (hair, glasses, hands, a beard, background);
     ``keep_target_occluders`` keeps whatever covers the target's face on top of
     the fused face.
+
+    ``min_face_size`` (pixels between the outer eye corners, 16..1024, default 40):
+    smaller faces (source or target) are not used. In ``many`` mode and with a
+    mapping such a target face is skipped and reported (:class:`SkippedFace`); in
+    ``one`` and ``reference`` mode it is an error.
     """
 
     degree: float = 100.0
@@ -42,6 +52,7 @@ class FuseOptions:
     relight: bool = True
     reject_source_occluders: bool = True
     keep_target_occluders: bool = True
+    min_face_size: float = MIN_EYE_DISTANCE_PX
 
     def __post_init__(self) -> None:
         for name in ("degree", "shape", "texture"):
@@ -61,6 +72,12 @@ class FuseOptions:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(f"{name} must be true or false",
                                            code=f"invalid_{name}")
+        lo, hi = MIN_FACE_SIZE_RANGE
+        v = self.min_face_size
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise InvalidArgumentError(
+                f"min_face_size must be a number of pixels in {lo:g}..{hi:g}, not {v!r}",
+                code="invalid_min_face_size")
         if self.target_face_index is not None and self.target_face_index < 0:
             raise InvalidArgumentError("target_face_index must be >= 0",
                                        code="invalid_target_face_index")
@@ -72,6 +89,32 @@ class FuseOptions:
     @property
     def texture_weight(self) -> float:
         return (self.degree if self.texture is None else self.texture) / 100.0
+
+
+@dataclass(frozen=True)
+class SkippedFace:
+    """A target face that was chosen (``many`` mode, a mapping) but not fused.
+
+    Attributes:
+        target_index: the face's index in the target (0 = largest).
+        box: its box ``(x0, y0, x1, y1)`` in target pixels.
+        reason: the stable code of the error it would have raised
+            (``target_face_too_small``, ``target_face_profile``, ...).
+        message: the same, for people.
+    """
+
+    target_index: int
+    box: tuple[float, float, float, float]
+    reason: str
+    message: str
+
+    def to_dict(self, *, message: bool = True) -> dict[str, object]:
+        """``{"index", "box" (whole pixels), "reason"[, "message"]}``."""
+        d: dict[str, object] = {"index": self.target_index,
+                                "box": [round(v) for v in self.box], "reason": self.reason}
+        if message:
+            d["message"] = self.message
+        return d
 
 
 @dataclass
@@ -96,6 +139,8 @@ class FusionResult:
     fused: list[FusedFace]
     timings_ms: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    #: Chosen target faces that could not be fused, and why.
+    skipped: list[SkippedFace] = field(default_factory=list)
 
     @property
     def quality(self) -> dict[str, float]:
@@ -103,7 +148,7 @@ class FusionResult:
         return self.fused[0].quality if self.fused else {}
 
     def report(self) -> dict[str, object]:
-        """A JSON-ready summary: faces, timings, quality, notes."""
+        """A JSON-ready summary: fused faces, skipped faces, timings, quality, notes."""
         return {
             "source_face": self.source_face.to_dict(),
             "fused_faces": [
@@ -113,6 +158,7 @@ class FusionResult:
                  "quality": {k: round(float(v), 4) for k, v in f.quality.items()}}
                 for f in self.fused
             ],
+            "skipped_faces": [s.to_dict() for s in self.skipped],
             "timings_ms": {k: round(v, 2) for k, v in self.timings_ms.items()},
             "notes": self.notes,
         }

@@ -195,7 +195,8 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "X-Request-ID",
                            "X-Facefuse-Timeout"],
             expose_headers=["X-Request-ID", "X-Facefuse-Cache",
-                            "X-Facefuse-Identity-Similarity", "Server-Timing", "Retry-After"],
+                            "X-Facefuse-Identity-Similarity", "X-Facefuse-Skipped-Faces",
+                            "Server-Timing", "Retry-After"],
             max_age=600,
         )
     app.add_middleware(RequestContextMiddleware, services=svc)

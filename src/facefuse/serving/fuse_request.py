@@ -54,7 +54,10 @@ async def read_fuse_request(request: Request, *, target: bool = True) -> FuseReq
     params = validate_params(FuseParams, fields)
     options = FuseOptions(degree=params.degree, shape=params.shape, texture=params.texture,
                           mode=params.mode, target_face_index=params.target_face_index,
-                          blend=params.blend)
+                          blend=params.blend, min_face_size=params.min_face_size,
+                          relight=params.relight,
+                          reject_source_occluders=params.reject_source_occluders,
+                          keep_target_occluders=params.keep_target_occluders)
     sources = [images["source"]]
     for name in SOURCE_FIELDS[1:]:
         if name in images:

@@ -51,7 +51,7 @@ from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.mapping import FacePair, MappedFace, resolve
 from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.select import IdentityNeeds, select
-from facefuse.fusion.types import FuseOptions
+from facefuse.fusion.types import FuseOptions, SkippedFace
 from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
 from facefuse.imaging.encode import content_type
 from facefuse.imaging.output import OutputPolicy
@@ -125,6 +125,8 @@ class FuseOutcome:
     similarity: float | None
     faces_fused: int
     notes: tuple[str, ...] = ()
+    #: Chosen target faces that could not be fused (``many`` mode, a mapping).
+    skipped: tuple[SkippedFace, ...] = ()
 
 
 def _face_nbytes(face: Face) -> int:
@@ -509,13 +511,13 @@ class Pipeline:
             raise InvalidArgumentError("the stored analysis does not fit the target image",
                                        code="template_mismatch")
         if mapping:
-            pairs = resolve(mapping, src_faces, tgt_faces)
+            pairs, skipped = resolve(mapping, src_faces, tgt_faces, plain.min_face_size)
             notes: tuple[str, ...] = ()
         else:
             chosen = select(src_faces, tgt_faces, plain, ref_faces)
             pairs = [MappedFace(chosen.source_index, chosen.source_face, i)
                      for i in chosen.targets]
-            notes = chosen.notes
+            notes, skipped = chosen.notes, list(chosen.skipped)
         t = time.perf_counter()
         sources_rgb = [rgb for rgb, _ in decoded[:n]]
         result = await self.in_cpu_pool(self.fuser.fuse_mapped, sources_rgb, pairs,
@@ -533,4 +535,4 @@ class Pipeline:
         body = await self.in_cpu_pool(self.output.encode, result.image, fmt, quality)
         ctx.timer.add("encode", t)
         return FuseOutcome(body, content_type(fmt), sim, len(result.fused),
-                           tuple(notes) + tuple(result.notes))
+                           tuple(notes) + tuple(result.notes), tuple(skipped))

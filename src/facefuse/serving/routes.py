@@ -9,6 +9,7 @@ app's exception handlers.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable
@@ -130,8 +131,22 @@ def _vector(v: np.ndarray | None) -> list[float]:
     return [] if v is None else [round(float(x), 6) for x in v]
 
 
+#: Response header listing the chosen faces that were not fused.
+SKIPPED_HEADER = "X-Facefuse-Skipped-Faces"
+
+
+def skipped_json(outcome: FuseOutcome) -> str:
+    """The :data:`SKIPPED_HEADER` value: compact JSON
+    ``[{"index", "box": [x0, y0, x1, y1], "reason"}]``; empty when none was skipped."""
+    if not outcome.skipped:
+        return ""
+    return json.dumps([s.to_dict(message=False) for s in outcome.skipped],
+                      separators=(",", ":"), ensure_ascii=True)
+
+
 def _pack(outcome: FuseOutcome) -> CachedResult:
-    return CachedResult(outcome.body, outcome.content_type, outcome.similarity)
+    return CachedResult(outcome.body, outcome.content_type, outcome.similarity,
+                        skipped_json(outcome))
 
 
 def _image_response(
@@ -141,6 +156,8 @@ def _image_response(
                "Cache-Control": "no-store"}
     if result.similarity is not None:
         headers["X-Facefuse-Identity-Similarity"] = f"{result.similarity:.6f}"
+    if result.skipped:
+        headers[SKIPPED_HEADER] = result.skipped
     return Response(content=result.body, media_type=result.media_type, headers=headers)
 
 
@@ -164,6 +181,9 @@ def _image_response(
 async def fuse(request: Request) -> Response:
     """Returns the fused image. Headers: ``X-Facefuse-Cache: hit|miss``,
     ``X-Facefuse-Identity-Similarity`` (cosine, output face vs source face),
+    ``X-Facefuse-Skipped-Faces`` (mode many or a mapping, when a chosen face could not
+    be fused: compact JSON ``[{"index", "box": [x0, y0, x1, y1], "reason"}]``, reason
+    a stable code such as ``target_face_too_small``),
     ``Server-Timing`` (per-stage milliseconds), ``X-Request-ID``."""
     svc = services(request)
     pipeline = svc.require_pipeline()
@@ -199,7 +219,8 @@ async def fuse(request: Request) -> Response:
     if not shared:
         observe_stages(svc, ctx)
     cache = "hit" if shared else "miss"
-    _mark(request, cache=cache, l1=",".join(ctx.l1), faces_fused=outcome.faces_fused)
+    _mark(request, cache=cache, l1=",".join(ctx.l1), faces_fused=outcome.faces_fused,
+          faces_skipped=len(outcome.skipped))
     return _image_response(_pack(outcome), cache, ctx, {
         "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
 

@@ -29,6 +29,7 @@ from facefuse.serving.inputs import read_request, validate_params
 from facefuse.serving.pipeline import Analysis, FuseOutcome
 from facefuse.serving.routes import (
     _ERRORS,
+    SKIPPED_HEADER,
     _face_json,
     _image_response,
     _mark,
@@ -212,7 +213,7 @@ async def fuse_template(request: Request, template: str) -> Response:
     cache = "hit" if shared else "miss"
     _mark(request, cache=cache, l1=",".join(ctx.l1), template=stored.id,
           template_analysis="stored" if fresh else "recomputed",
-          faces_fused=outcome.faces_fused)
+          faces_fused=outcome.faces_fused, faces_skipped=len(outcome.skipped))
     return _image_response(_pack(outcome), cache, ctx, {
         "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
 
@@ -248,6 +249,7 @@ async def capabilities(request: Request) -> dict[str, Any]:
                    "max_pixels": s.max_pixels, "min_side": s.min_side,
                    "min_face_eye_distance_px": MIN_EYE_DISTANCE_PX,
                    "max_abs_yaw_deg": MAX_ABS_YAW_DEG,
+                   "skipped_faces_header": SKIPPED_HEADER,
                    "request_timeout_s": s.request_timeout_s},
         "mapping": {"max_entries": MAX_MAPPINGS, "source_fields": list(SOURCE_FIELDS),
                     "target": "face index (largest first) or [x0, y0, x1, y1] pixels"},

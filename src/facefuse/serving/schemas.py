@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from facefuse.fusion.types import MIN_EYE_DISTANCE_PX, MIN_FACE_SIZE_RANGE
+
 __all__ = [
     "EmbedParams",
     "ErrorBody",
@@ -42,6 +44,13 @@ class FuseParams(_Params):
     target_face_index: int | None = Field(None, ge=0, description="Face to replace in mode one "
                                           "(0 = largest).")
     blend: Literal["multiband", "poisson", "alpha"] = "multiband"
+    min_face_size: float = Field(
+        MIN_EYE_DISTANCE_PX, ge=MIN_FACE_SIZE_RANGE[0], le=MIN_FACE_SIZE_RANGE[1],
+        description="Smallest face used, source or target (pixels between the outer eye "
+        "corners). In mode "
+        "many and with a mapping, smaller faces (and faces in profile or without "
+        "landmarks) are skipped and listed in the X-Facefuse-Skipped-Faces header; the "
+        "request fails only when no face can be fused.")
     relight: bool = Field(True, description="Relight the source face with the target's "
                           "lighting (spherical harmonics on the face mesh).")
     reject_source_occluders: bool = Field(True, description="Show the target's own pixels "

@@ -21,7 +21,7 @@ Kinds of case (all deterministic, seeded where random):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,6 +194,29 @@ def group_photo(
         _paste(canvas, crop, x, y)
         placed.append((name, compose(affine(1.0, x, y), m)))
     return _case(f"group-{seed}", "group", canvas, placed)
+
+
+def lineup(
+    photos: dict[str, np.ndarray], faces: Sequence[tuple[str, float]],
+    height: int = 560, grey: int = 118,
+) -> Case:
+    """Portraits side by side on a flat grey canvas, bottoms aligned: ``faces`` lists
+    ``(sample name, face width px)`` left to right. A reproducible group photo whose
+    faces have known, chosen sizes (say one deliberately below the fusion's limit)."""
+    crops = [(name, *portrait(photos[name], np.array(SAMPLE_FACES[name]), fw))
+             for name, fw in faces]
+    gap = 24
+    w = gap + sum(c.shape[1] + gap for _, c, _ in crops)
+    canvas = np.full((height, w, 3), grey, np.uint8)
+    placed: list[tuple[str, np.ndarray]] = []
+    x = gap
+    for name, crop, m in crops:
+        y = height - crop.shape[0]
+        _paste(canvas, crop, x, y)
+        placed.append((name, compose(affine(1.0, x, y), m)))
+        x += crop.shape[1] + gap
+    return _case("lineup-" + "-".join(f"{n}{fw:.0f}" for n, fw in faces), "group", canvas,
+                 placed)
 
 
 def edge_cases(photos: dict[str, np.ndarray], face_free: dict[str, np.ndarray]) -> Iterator[Case]:

@@ -42,11 +42,14 @@ class CachedResult:
         media_type: its MIME type (``image/jpeg``, ``image/png``, ``image/webp``).
         similarity: cosine similarity of the output face's identity to the source's;
             None when not computed.
+        skipped: the chosen faces not fused, as the compact JSON list the
+            ``X-Facefuse-Skipped-Faces`` header carries; empty when none was skipped.
     """
 
     body: bytes
     media_type: str
     similarity: float | None = None
+    skipped: str = ""
 
 
 #: Bytes charged per in-process entry besides the body (key, tuple, dict slot).
@@ -133,14 +136,14 @@ class InProcessResultCache:
 
 
 def _result_size(value: CachedResult) -> int:
-    return len(value.body) + len(value.media_type) + ENTRY_OVERHEAD
+    return len(value.body) + len(value.media_type) + len(value.skipped) + ENTRY_OVERHEAD
 
 
 class RedisResultCache:
     """L2 in Redis, shared by every server process; degrades instead of failing.
 
     Values are stored as ``<JSON head> "\\n" <body>`` under ``facefuse:v2:<key>``, the
-    head ``{"media_type": ..., "similarity": ...}``,
+    head ``{"media_type": ..., "similarity": ..., "skipped": ...}``,
     with a TTL (one ``SET ... EX`` round trip). Each command is bounded by
     ``socket_timeout`` and never retried: a cache that is slower than computing is
     worse than no cache.
@@ -329,8 +332,8 @@ class RedisResultCache:
 
 
 def _encode_value(value: CachedResult) -> bytes:
-    head = json.dumps({"media_type": value.media_type, "similarity": value.similarity},
-                      separators=(",", ":"), ensure_ascii=True)
+    head = json.dumps({"media_type": value.media_type, "similarity": value.similarity,
+                       "skipped": value.skipped}, separators=(",", ":"), ensure_ascii=True)
     return head.encode("ascii") + b"\n" + value.body
 
 
@@ -347,4 +350,7 @@ def _decode_value(raw: bytes) -> CachedResult | None:
     sim = meta.get("similarity")
     if sim is not None and not isinstance(sim, int | float):
         return None
-    return CachedResult(body, meta["media_type"], None if sim is None else float(sim))
+    skipped = meta.get("skipped", "")
+    if not isinstance(skipped, str):
+        return None
+    return CachedResult(body, meta["media_type"], None if sim is None else float(sim), skipped)
