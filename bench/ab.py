@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
-from report import ROOT, RESULTS, machine, machine_line, write_json, write_section
+from report import ROOT, machine, machine_line, write_json, write_section
 from serve import Inputs, Pool, closed_loop, load1, server
 
 #: Goals on this machine: p50 at 1 client, req/s at 8, peak RSS MB at 32 clients.
