@@ -15,8 +15,10 @@ Then, once per server: 32 clients (peak RSS: the process's VmHWM, everything it
 ever held since start, models and caches included) and 64 clients (errors;
 a ``503`` with ``Retry-After`` from admission is counted apart, as allowed).
 Medians of the rounds and their ratios new/old; the goals checked against them.
+With ``--workers2`` a third server, this checkout with ``--workers 2``, takes its
+turn in every round too.
 
-    .venv/bin/python bench/ab.py [--base REV] [--rounds 5] [--duration 6]
+    .venv/bin/python bench/ab.py [--base REV] [--rounds 5] [--duration 6] [--workers2]
 
 Writes bench/results/ab.json and the "ab" section of BENCHMARKS.md.
 """
@@ -73,6 +75,8 @@ def main() -> None:
     ap.add_argument("--base", default="HEAD~1", help="the commit to compare against")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=float, default=6.0, help="seconds per level")
+    ap.add_argument("--workers2", action="store_true",
+                    help="also this checkout with --workers 2 (RSS summed over the workers)")
     args = ap.parse_args()
     base = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base],
                           check=True, capture_output=True, text=True).stdout.strip()
@@ -83,17 +87,21 @@ def main() -> None:
     log = Path(tempfile.gettempdir()) / "facefuse-bench-ab.log"
     log.write_text("")
     t_start = time.monotonic()
-    rows: dict[str, dict[str, list[dict[str, Any]]]] = {"old": {}, "new": {}}
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         old_src = export_src(base, Path(tmp))
+        new_env = {"PYTHONPATH": str(ROOT / "src")}
         servers = {"old": stack.enter_context(server({"PYTHONPATH": str(old_src)}, log)),
-                   "new": stack.enter_context(server({"PYTHONPATH": str(ROOT / "src")}, log))}
+                   "new": stack.enter_context(server(new_env, log))}
+        if args.workers2:
+            servers["new, 2 workers"] = stack.enter_context(
+                server(new_env, log, ("--workers", "2")))
         for srv in servers.values():  # warm up (allocator, ORT first runs)
             closed_loop(srv, "/v1/fuse", 2, 2.0, inputs.pairs(40))
         for _ in range(args.rounds):
             for c in (1, 8):
                 for name, srv in servers.items():
-                    rows[name].setdefault(str(c), []).append(
+                    rows.setdefault(name, {}).setdefault(str(c), []).append(
                         level(srv, name, pool, c, args.duration))
         for c in (32, 64):
             for name, srv in servers.items():
@@ -141,7 +149,9 @@ def report(res: dict[str, Any]) -> str:
         "",
         machine_line(res["machine"]),
         f"Command: `.venv/bin/python bench/ab.py --base {res['base']} --rounds "
-        f"{res['rounds']} --duration {res['duration_s']:g}` ({res['wall_s']:.0f} s): the "
+        f"{res['rounds']} --duration {res['duration_s']:g}"
+        f"{' --workers2' if 'new, 2 workers' in res['summary'] else ''}` "
+        f"({res['wall_s']:.0f} s): the "
         f"base commit `{res['base']}` and this checkout `{res['head']}` served side by side "
         "(same models, same venv, embedded defaults, batching on), closed-loop "
         "`POST /v1/fuse` of distinct ~630–900 px portraits (degree 80, JPEG out, "
@@ -162,7 +172,25 @@ def report(res: dict[str, Any]) -> str:
         "Goals: " + "; ".join(f"{k}: **{'met' if v else 'not met'}**" for k, v in met.items())
         + ".",
         "",
+        *workers_lines(res),
     ])
+
+
+def workers_lines(res: dict[str, Any]) -> list[str]:
+    """This checkout with one worker process vs two, from the same interleaved run."""
+    two = res["summary"].get("new, 2 workers")
+    if two is None:
+        return []
+    one = res["summary"]["new"]
+    return [
+        "This checkout, `--workers 1` vs `--workers 2` (same rounds; RSS summed over the "
+        "processes): "
+        f"p50 at 1 client {one['p50_ms_c1']:.0f} vs {two['p50_ms_c1']:.0f} ms; "
+        f"{one['rps_c8']:.2f} vs {two['rps_c8']:.2f} req/s at 8 clients; "
+        f"{one['rps_c32']:.2f} vs {two['rps_c32']:.2f} req/s and peak RSS "
+        f"{one['peak_rss_mb_c32']:.0f} vs {two['peak_rss_mb_c32']:.0f} MB at 32 clients.",
+        "",
+    ]
 
 
 if __name__ == "__main__":
