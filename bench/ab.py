@@ -48,6 +48,12 @@ GOAL_RPS_8 = 30.0
 GOAL_RSS_MB = 300.0
 
 
+def short_rev(rev: str) -> str:
+    """The short commit id of ``rev`` in this checkout."""
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
 def export_src(rev: str, into: Path) -> Path:
     """``rev``'s ``src/`` tree written under ``into``; returns the ``src`` path."""
     data = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "src"],
@@ -78,10 +84,7 @@ def main() -> None:
     ap.add_argument("--workers2", action="store_true",
                     help="also this checkout with --workers 2 (RSS summed over the workers)")
     args = ap.parse_args()
-    base = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    base, head = short_rev(args.base), short_rev("HEAD")
     inputs = Inputs(Settings.from_env())
     pool = Pool(inputs)
     log = Path(tempfile.gettempdir()) / "facefuse-bench-ab.log"
@@ -168,6 +171,11 @@ def report(res: dict[str, Any]) -> str:
         row("peak RSS MB, 32 clients", "peak_rss_mb_c32", ".0f", True),
         f"| errors at 64 clients (503 rejected) | {old['errors_c64']} "
         f"({old['rejected_503_c64']}) | {new['errors_c64']} ({new['rejected_503_c64']}) | |",
+        "",
+        "Every round (1 client p50 ms; 8 clients req/s): " + "; ".join(
+            f"{name}: {', '.join(str(x['p50_ms']) for x in r['1'])}; "
+            f"{', '.join(str(x['throughput_rps']) for x in r['8'])}"
+            for name, r in res["rows"].items()) + ".",
         "",
         "Goals: " + "; ".join(f"{k}: **{'met' if v else 'not met'}**" for k, v in met.items())
         + ".",
