@@ -13,7 +13,10 @@ Every input image crosses this boundary, so it is strict and cheap to refuse:
    chunk, a WebP its whole RIFF payload; Pillow is used
    with its default ``LOAD_TRUNCATED_IMAGES = False`` (never changed here), so a
    short pixel stream is an error too;
-5. decoding by the one Pillow plugin the magic bytes named (``formats=[...]``).
+5. decoding by the one Pillow plugin the magic bytes named (``formats=[...]``);
+   colour JPEGs are then decoded in one strict libjpeg-turbo pass (``simplejpeg``:
+   the same pixels, faster, the scan check included), Pillow reading only their
+   header and EXIF.
    Pillow's own decompression-bomb guard (``Image.MAX_IMAGE_PIXELS``, left as it
    is) still applies on top and its ``DecompressionBombError`` becomes
    :class:`~facefuse.errors.ImageTooLargeError`. PNG pixel data inflates into a
