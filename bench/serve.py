@@ -114,7 +114,7 @@ def free_port() -> int:
 class Server:
     """``facefuse serve`` on a free loopback port with extra FACEFUSE_* settings."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full = {k: v for k, v in os.environ.items()
@@ -122,7 +122,7 @@ class Server:
         full.update(env)
         with log.open("ab") as fh:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "facefuse.cli", "serve", "--port", str(self.port)],
+                [sys.executable, "-m", "facefuse.cli", "serve", "--port", str(self.port), *args],
                 env=full, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         end = time.monotonic() + 120
         while True:
@@ -136,10 +136,18 @@ class Server:
             time.sleep(0.1)
 
     def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        """VmHWM of the server process plus its worker processes (``--workers``)."""
+        pids = [self.proc.pid]
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+                pids += [int(p) for p in (task / "children").read_text().split()]
+        total = 0.0
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1]) / 1024
+        return total
 
     def batch_stats(self) -> dict[str, tuple[float, float]]:
         text = httpx.get(self.url + "/metrics", timeout=10).text
@@ -162,8 +170,8 @@ class Server:
 
 
 @contextlib.contextmanager
-def server(env: dict[str, str], log: Path) -> Iterator[Server]:
-    s = Server(env, log)
+def server(env: dict[str, str], log: Path, args: tuple[str, ...] = ()) -> Iterator[Server]:
+    s = Server(env, log, args)
     try:
         yield s
     finally:

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -44,9 +44,10 @@ class ServerProcess:
     """One server process; ``env`` adds FACEFUSE_* settings to a clean environment."""
 
     def __init__(self, home: Path, logdir: Path, env: Mapping[str, str] | None = None,
-                 name: str = "server") -> None:
+                 name: str = "server", args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.name = name
+        self.args = tuple(args)
         self.log_path = logdir / f"{name}-{self.port}.log"
         base = {k: v for k, v in os.environ.items() if not k.startswith("FACEFUSE_")}
         base.update({"FACEFUSE_HOME": str(home), "FACEFUSE_THREADS": "1",
@@ -68,7 +69,7 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "facefuse.cli", "serve", "--host", "127.0.0.1",
-                 "--port", str(self.port)],
+                 "--port", str(self.port), *self.args],
                 env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
         end = time.monotonic() + timeout

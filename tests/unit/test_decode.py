@@ -579,3 +579,28 @@ def test_truncated_jpeg_with_an_end_marker_appended_is_corrupt(
     data = obama_bytes[: int(len(obama_bytes) * cut)] + b"\xff\xd9"
     with pytest.raises(CorruptImageError, match="truncated"):
         decode_image(data)
+
+
+# --- the one-pass JPEG decoder --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("subsampling", [0, 1, 2])
+def test_colour_jpegs_decode_to_pillows_pixels(
+    sample_paths: dict[str, Path], subsampling: int
+) -> None:
+    """Colour JPEGs take libjpeg-turbo's one pass; the pixels are Pillow's, exactly."""
+    for name in ("obama", "astronaut", "biden"):
+        with Image.open(sample_paths[name]) as im:
+            data = _save(im.convert("RGB"), "JPEG", quality=85, subsampling=subsampling)
+        with Image.open(io.BytesIO(data)) as im:
+            expected = np.asarray(im.convert("RGB"))
+        np.testing.assert_array_equal(decode_image(data), expected)
+
+
+def test_an_exif_rotated_jpeg_is_upright_on_the_one_pass_path(photo: np.ndarray) -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = _save(Image.fromarray(photo), "JPEG", quality=95, exif=exif.tobytes())
+    with Image.open(io.BytesIO(data)) as im:
+        expected = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    np.testing.assert_array_equal(decode_image(data), expected)

@@ -17,8 +17,10 @@ import pytest
 
 from facefuse.config import Settings
 from facefuse.errors import NoFaceError
+from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.encode import encode_image
 from facefuse.imaging.output import OutputPolicy
@@ -58,7 +60,7 @@ def photo(sample_paths: dict[str, Path], name: str) -> bytes:
     ],
 )
 async def test_fuse_gives_the_library_bytes_and_similarity(
-    settings: Settings, registry: ModelRegistry, fuser: FaceFuser,
+    settings: Settings, registry: ModelRegistry, fuser: FaceFuser, analyser: FaceAnalyser,
     sample_paths: dict[str, Path], source: str, target: str, options: FuseOptions, fmt: str,
     batching: bool,
 ) -> None:
@@ -70,7 +72,14 @@ async def test_fuse_gives_the_library_bytes_and_similarity(
         outcome = await pipeline.fuse(src, tgt, options, RequestContext(), fmt=fmt, quality=90)
     assert outcome.body == expected
     assert outcome.faces_fused == len(library.fused)
-    assert outcome.similarity == library.fused[0].quality["id_sim_source"]
+    # the similarity: one recogniser call at the rendered mesh, as the library computes
+    # it, and within a few thousandths of a full re-analysis of the output
+    first = library.fused[0]
+    assert first.landmarks is not None
+    at_mesh = analyser.run(stages.embed_at(analyser.models.recognizer, library.image,
+                                           first.target_face, first.landmarks))
+    assert outcome.similarity == identity_similarity(at_mesh, library.source_face)
+    assert outcome.similarity == pytest.approx(first.quality["id_sim_source"], abs=0.01)
     assert list(outcome.notes) == library.notes
 
 

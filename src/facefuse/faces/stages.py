@@ -21,6 +21,7 @@ stage               does                                                   model
 :func:`mesh`        per detection: 468-point mesh, iris (478 points),      facemesh,
                     five points and chip transform → :class:`Face`         iris
 :func:`embed`       aligned 150×150 chips → unit-norm identity vectors     dlib_resnet
+:func:`embed_at`    one face whose mesh is known → its embedding           dlib_resnet
 :func:`attributes`  age and gender chips → estimates                       age, gender
 ==================  =====================================================  ==========
 
@@ -337,4 +338,18 @@ def reanalyse(models: FaceModels, rgb: np.ndarray, where: Face) -> Stage[Face]:
     det = Detection(bbox=where.bbox, score=where.score, keypoints=where.keypoints)
     faces = yield from mesh(models.mesh, rgb, [det])
     embedded = yield from embed(models.recognizer, rgb, faces)
+    return embedded[0]
+
+
+def embed_at(recognizer: Recognizer, rgb: np.ndarray, where: Face,
+             landmarks: np.ndarray) -> Stage[Face]:
+    """The face of ``rgb`` whose (478, 3) mesh is already known (e.g. a fused face,
+    rendered with that mesh), embedded with one recogniser call: no detection, mesh
+    or iris run. ``where`` gives the box and keypoints the record carries."""
+    lm = np.asarray(landmarks, np.float32)
+    face = dataclasses.replace(
+        where, landmarks=lm, landmarks5=lm[list(MESH_FIVE_POINTS), :2],
+        chip_transform=dlib_chip_transform(lm, size=CHIP_SIZE, padding=CHIP_PADDING),
+        embedding=None, embedding_raw=None)
+    embedded = yield from embed(recognizer, rgb, [face])
     return embedded[0]

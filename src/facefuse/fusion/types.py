@@ -128,6 +128,9 @@ class FusedFace:
     quality: dict[str, float] = field(default_factory=dict)
     #: Which source image the fused identity came from (face mapping).
     source_index: int = 0
+    #: (N, 3) the mesh the face was rendered with, target-image pixels (None when
+    #: nothing was rendered): the output's face geometry without re-analysing it.
+    landmarks: np.ndarray | None = None
 
 
 @dataclass

@@ -42,7 +42,7 @@ def resolve_providers(
 
 def session_options(settings: Settings, optimized_path: Path | None = None) -> ort.SessionOptions:
     """SessionOptions tuned for low memory: sequential execution, CPU arena per
-    ``settings.ort_cpu_arena`` (on by default),
+    ``settings.ort_cpu_arena`` (off by default),
     memory pattern off, full graph optimisation, ``settings.threads`` intra-op
     workers that do not spin."""
     so = ort.SessionOptions()

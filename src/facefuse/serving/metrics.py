@@ -25,12 +25,17 @@ Exported series (names operators already know from Triton / Ray Serve):
 Label ``route`` must be the route *template* (``/v1/fuse``), never the raw path,
 so a scanner cannot blow up the series count.
 
-One registry per process: under ``uvicorn --workers N`` each worker answers for
-itself; run one worker per pod (scale with replicas) so a scrape sees one process.
+Several worker processes (``facefuse serve --workers N``) share one directory named
+by ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode; ``serve``
+sets it before the workers start): counters, histograms and the queue-depth gauges
+of every worker are written there, and any worker's ``/metrics`` answers with their
+sums, whichever worker a scrape reaches. The values read at scrape time (process
+memory, cache figures) are those of the worker that answered.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -39,6 +44,7 @@ from typing import Protocol
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from facefuse.serving.cache.lru import CacheStats
@@ -46,6 +52,7 @@ from facefuse.serving.cache.lru import CacheStats
 __all__ = [
     "BATCH_SIZE_BUCKETS",
     "LATENCY_BUCKETS",
+    "MULTIPROC_DIR_ENV",
     "QUEUE_WAIT_BUCKETS",
     "STAGES",
     "HasCacheStats",
@@ -53,6 +60,9 @@ __all__ = [
     "ModelInfo",
     "read_process_memory",
 ]
+
+#: prometheus_client's variable naming the directory worker processes share.
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 #: The stage label values of ``facefuse_stage_duration_seconds``.
 STAGES = ("decode", "detect", "mesh", "embed", "fuse", "encode")
@@ -222,22 +232,28 @@ class Metrics:
             "Items queued (not yet started) per model.",
             ["model"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.queue_depth = Gauge(
             "facefuse_queue_depth",
             "Items queued (not yet started) over all models: scale out on this.",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.model_info = Gauge(
             "facefuse_model_info",
             "Loaded models (value 1): name, version, precision, provider.",
             ["name", "version", "precision", "provider"],
             registry=r,
+            multiprocess_mode="livemax",
         )
         self._depths: dict[str, int] = {}
         self._caches: dict[str, list[HasCacheStats]] = {}
         self._lock = threading.Lock()
-        r.register(_ScrapeCollector(self))
+        self._scrape = _ScrapeCollector(self)
+        r.register(self._scrape)
+        #: The directory shared with the other worker processes (None: one process).
+        self.multiprocess_dir = os.environ.get(MULTIPROC_DIR_ENV) or None
 
     # --- HTTP and stages -----------------------------------------------------------
 
@@ -301,5 +317,12 @@ class Metrics:
     # --- exposition --------------------------------------------------------------------
 
     def render(self) -> tuple[bytes, str]:
-        """The text exposition and its content type, for ``GET /metrics``."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The text exposition and its content type, for ``GET /metrics``: with
+        worker processes, the sums over all of them (plus this worker's scrape-time
+        values)."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        merged = CollectorRegistry(auto_describe=True)
+        MultiProcessCollector(merged, path=self.multiprocess_dir)
+        merged.register(self._scrape)
+        return generate_latest(merged), CONTENT_TYPE_LATEST

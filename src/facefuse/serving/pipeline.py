@@ -117,7 +117,8 @@ class FuseOutcome:
     """An encoded fused image and what the response headers report about it.
 
     ``similarity``: cosine similarity of the first fused face's identity embedding
-    (re-analysed on the output) to the source face's; None when not computed.
+    (on the output, at the mesh it was rendered with) to the source face's; None when
+    not computed.
     """
 
     body: bytes
@@ -525,10 +526,14 @@ class Pipeline:
         ctx.timer.add("fuse", t)
         sim: float | None = None
         first = result.fused[0] if result.fused else None
-        if similarity and first is not None and first.region[2] > first.region[0]:
+        if (similarity and first is not None and first.landmarks is not None
+                and first.region[2] > first.region[0]):
+            # One recogniser call at the mesh the face was rendered with: the full
+            # re-analysis (mesh, iris, embed) costs twice as much for the same figure
+            # to within a few thousandths.
             t = time.perf_counter()
-            out_face = await self.run(
-                stages.reanalyse(self.models, result.image, first.target_face), ctx)
+            out_face = await self.run(stages.embed_at(
+                self.models.recognizer, result.image, first.target_face, first.landmarks), ctx)
             sim = identity_similarity(out_face, pairs[0].source_face)
             ctx.timer.add("evaluate", t)
         t = time.perf_counter()

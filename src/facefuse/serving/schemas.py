@@ -60,7 +60,7 @@ class FuseParams(_Params):
                                         "face (glasses, a hand, hair, a beard) on top.")
     format: Literal["jpeg", "png", "webp"] = Field("jpeg", description="Output format.")
     quality: int = Field(92, ge=1, le=100, description="JPEG / WebP quality.")
-    similarity: bool = Field(True, description="Re-analyse the output and report the identity "
+    similarity: bool = Field(True, description="Measure the output's identity and report its "
                              "similarity to the source (X-Facefuse-Identity-Similarity).")
     mapping: list[dict[str, Any]] | None = Field(
         None, description="Face mapping (overrides mode): a JSON list of up to 6 "

@@ -1,0 +1,107 @@
+"""Benchmark: where one ``/v1/fuse`` spends its time, a base commit vs this checkout.
+
+Both servers up at once (as in bench/ab.py: the base commit's ``src/`` on
+``PYTHONPATH`` of one of them), one client, distinct ~630–900 px portraits; the
+requests alternate between the servers. Per stage, the median of the
+``Server-Timing`` header (milliseconds; the source's and the target's stages run
+concurrently and are summed), and the client-side wall time.
+
+    .venv/bin/python bench/stage_timing.py [--base REV] [--requests 40]
+
+Writes bench/results/stage_timing.json and the "stage_timing" section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab import export_src, short_rev
+from facefuse.config import Settings
+from report import ROOT, machine, machine_line, write_json, write_section
+from serve import Inputs, server
+
+STAGES = ("decode", "detect", "mesh", "embed", "fuse", "evaluate", "encode", "total")
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """``Server-Timing: a;dur=1.2, b;dur=3`` → ``{"a": 1.2, "b": 3.0}``."""
+    out = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", default="HEAD~1")
+    ap.add_argument("--requests", type=int, default=40, help="per server")
+    args = ap.parse_args()
+    base, head = short_rev(args.base), short_rev("HEAD")
+    inputs = Inputs(Settings.from_env(), seed=11)
+    pairs = inputs.pairs(args.requests + 3)
+    log = Path(tempfile.gettempdir()) / "facefuse-bench-stage-timing.log"
+    stages: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        old_src = export_src(base, Path(tmp))
+        servers = {"old": stack.enter_context(server({"PYTHONPATH": str(old_src)}, log)),
+                   "new": stack.enter_context(server({"PYTHONPATH": str(ROOT / "src")}, log))}
+        with httpx.Client(timeout=120) as client:
+            for i, (src, tgt) in enumerate(pairs):
+                for name, srv in servers.items():
+                    t0 = time.perf_counter()
+                    r = client.post(srv.url + "/v1/fuse", data={"degree": "80"},
+                                    files={"source": ("s.jpg", src), "target": ("t.jpg", tgt)})
+                    wall = (time.perf_counter() - t0) * 1000.0
+                    r.raise_for_status()
+                    if i < 3:  # warm-up
+                        continue
+                    timing = server_timing(r.headers.get("server-timing", ""))
+                    timing["wall"] = wall
+                    for k, v in timing.items():
+                        stages[name].setdefault(k, []).append(v)
+    med = {name: {k: round(statistics.median(v), 1) for k, v in s.items()}
+           for name, s in stages.items()}
+    res = {"machine": machine(), "base": base, "head": head, "requests": args.requests,
+           "median_ms": med}
+    write_json("stage_timing", res)
+    write_section("stage_timing", report(res))
+    print(med, flush=True)
+
+
+def report(res: dict[str, Any]) -> str:
+    old, new = res["median_ms"]["old"], res["median_ms"]["new"]
+    lines = [
+        "## Where a fuse spends its time (`bench/stage_timing.py`)",
+        "",
+        machine_line(res["machine"]),
+        f"Command: `.venv/bin/python bench/stage_timing.py --base {res['base']} --requests "
+        f"{res['requests']}`: servers of `{res['base']}` and `{res['head']}` up at once, one "
+        "client, the requests alternating between them; medians of the `Server-Timing` "
+        "stages (source and target stages overlap and are summed) and of the client's wall "
+        "time, ms.",
+        "",
+        "| stage | before | after | after / before |",
+        "|---|---:|---:|---:|",
+    ]
+    for k in (*STAGES, "wall"):
+        if k in old or k in new:
+            a, b = old.get(k, 0.0), new.get(k, 0.0)
+            ratio = f"{b / a:.2f}×" if a else "–"
+            lines.append(f"| {k} | {a:.1f} | {b:.1f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
