@@ -67,6 +67,13 @@ def write_section(name: str, markdown: str) -> None:
     reporting.write_section(BENCHMARKS, name, markdown)
 
 
+def publish(name: str, lines: list[str]) -> None:
+    """Write ``lines`` as section ``name`` of BENCHMARKS.md and print them."""
+    markdown = "\n".join(lines)
+    write_section(name, markdown)
+    print(markdown)
+
+
 def machine_line(m: dict[str, Any]) -> str:
     return (f"Machine: {m['cpu']}, {m['cores']} cores ({', '.join(m['flags'])}), "
             f"Python {m['python']}, onnxruntime {m['onnxruntime']}, {m['date']}.")

@@ -36,7 +36,7 @@ from facefuse.fusion.visibility import visible_fraction
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import fetch_samples, identity_of
 from facefuse.toolchain.trials import AFTER, BEFORE, Sample, background_trial
-from report import machine, machine_line, write_json, write_section
+from report import machine, machine_line, publish, write_json
 
 #: Yaw-difference buckets (degrees, lower edges).
 BUCKETS = (0.0, 10.0, 20.0)
@@ -101,8 +101,7 @@ def main() -> None:
                      f"{fig('background_after', 'max')} | {fig('visible_fraction', 'min')} |")
     lines += ["", "The sample photos turn at most about 13°, so the largest differences "
               "available are about 25°; turned pairs beyond that need other photos."]
-    write_section("yaw-pairs", "\n".join(lines))
-    print("\n".join(lines))
+    publish("yaw-pairs", lines)
 
 
 if __name__ == "__main__":
