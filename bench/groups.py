@@ -51,7 +51,7 @@ from facefuse.toolchain.detection_sets import (
     pairs,
 )
 from facefuse.toolchain.samples import fetch_samples
-from report import RESULTS, machine, machine_line, write_json, write_section
+from report import RESULTS, machine, machine_line, publish, write_json
 
 KINDS = ("group", "edge", "large", "face-free")
 #: The lineup: two faces above the default size limit, one (about 35 px between the
@@ -214,8 +214,7 @@ def main() -> None:
         lines.append(f"\nSkipped, {label}: {reasons}.")
     lines += ["", "Contact sheet (YuNet; target with fused faces green, skipped red | output): "
               "`bench/results/groups_sheet.jpg`."]
-    write_section("groups", "\n".join(lines))
-    print("\n".join(lines))
+    publish("groups", lines)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,13 @@ def write_section(name: str, markdown: str) -> None:
     reporting.write_section(BENCHMARKS, name, markdown)
 
 
+def publish(name: str, lines: list[str]) -> None:
+    """Write ``lines`` as section ``name`` of BENCHMARKS.md and print them."""
+    markdown = "\n".join(lines)
+    write_section(name, markdown)
+    print(markdown)
+
+
 def machine_line(m: dict[str, Any]) -> str:
     """One line naming the machine of ``m`` (see :func:`machine`)."""
     return describe_line(m)
