@@ -11,7 +11,7 @@ PIP := $(PY) -m pip
 export FACEFUSE_HOME ?= $(HOME)/.cache/facefuse
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: install models samples setup demo serve test lint bench bench-serve quantize clean system-deps \
+.PHONY: install models samples setup demo serve test lint bench bench-serve bench-ab quantize clean system-deps \
 	bench-gpu-deps gpu-check-cpu gpu-wheels \
 	deploy-tools image image-naive
 
@@ -87,6 +87,14 @@ bench: setup
 
 bench-serve: setup
 	$(PY) bench/serve.py
+
+# This checkout against another commit (BASE=<rev>), side by side in one run each:
+# closed loop (+ 2 workers), per-stage timing, open loop (its plot needs the bench extra).
+BASE ?= main
+bench-ab: setup
+	$(PY) bench/ab.py --base $(BASE) --workers2
+	$(PY) bench/stage_timing.py --base $(BASE)
+	$(PY) bench/open_loop.py --base $(BASE)
 
 # bench/gpu_check.py's own dependencies (never the product's): PyTorch, and onnx2torch
 # without its torchvision requirement (only its NMS/RoIAlign converters use it).
