@@ -231,6 +231,8 @@ class Settings:
              f"precision must be auto|fp32|int8|fp16, not {s.precision!r}"),
             (all(p in PROVIDER_NAMES or p in PROVIDER_NAMES.values() for p in s.providers),
              f"unknown execution provider in {','.join(s.providers)}; use tensorrt, cuda or cpu"),
+            (s.label_corner in LABEL_CORNERS,
+             f"label_corner must be one of {'|'.join(LABEL_CORNERS)}, not {s.label_corner!r}"),
             (s.io_binding in ("auto", "on", "off"),
              f"io_binding must be auto|on|off, not {s.io_binding!r}"),
             (s.pixel_backend in ("auto", "opencv", "onnx"),
@@ -284,6 +286,9 @@ PROVIDER_NAMES: Final[Mapping[str, str]] = {
     "tensorrt": "TensorrtExecutionProvider",
     "trt": "TensorrtExecutionProvider",
 }
+
+#: Corners the visible label may sit in (``FACEFUSE_LABEL_CORNER``).
+LABEL_CORNERS = ("bottom-right", "bottom-left", "top-right", "top-left")
 
 #: Log levels the service accepts (Python's, lower case).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")

@@ -363,7 +363,7 @@ async def reload_models(request: Request) -> dict[str, Any]:
 @admin.delete("/cache", summary="Purge the L1 and L2 caches")
 async def purge_cache(request: Request) -> dict[str, Any]:
     """Deletes every cached analysis (this process) and result (Redis: every
-    ``facefuse:v1:*`` key; 503 ``cache_unavailable`` when Redis is down)."""
+    ``facefuse:v2:*`` key; 503 ``cache_unavailable`` when Redis is down)."""
     svc = services(request)
     l1 = svc.pipeline.l1.clear() if svc.pipeline is not None else 0
     l2 = await svc.l2.purge()

@@ -299,7 +299,7 @@ class RedisResultCache:
         return True
 
     async def purge(self) -> int:
-        """SCAN + UNLINK every ``facefuse:v1:*`` key (never FLUSHALL: Redis may be shared).
+        """SCAN + UNLINK every ``facefuse:v2:*`` key (never FLUSHALL: Redis may be shared).
 
         Raises:
             CacheUnavailableError: Redis is unreachable (HTTP 503) — an admin purge
