@@ -287,8 +287,10 @@ PROVIDER_NAMES: Final[Mapping[str, str]] = {
     "trt": "TensorrtExecutionProvider",
 }
 
-#: Corners the visible label may sit in (``FACEFUSE_LABEL_CORNER``).
-LABEL_CORNERS = ("bottom-right", "bottom-left", "top-right", "top-left")
+#: A corner the visible label may sit in (``FACEFUSE_LABEL_CORNER``).
+LabelCorner = Literal["bottom-right", "bottom-left", "top-right", "top-left"]
+LABEL_CORNERS: Final[tuple[LabelCorner, ...]] = (
+    "bottom-right", "bottom-left", "top-right", "top-left")
 
 #: Log levels the service accepts (Python's, lower case).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")

@@ -20,12 +20,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 from xml.sax.saxutils import quoteattr
 
 import numpy as np
 import numpy.typing as npt
 from PIL import Image, ImageDraw, ImageFont
+
+from facefuse.config import LABEL_CORNERS, LabelCorner
 
 #: IPTC digital source type of a photo with a generated face in it.
 COMPOSITE_SYNTHETIC: Final = "http://cv.iptc.org/newscodes/digitalsourcetype/compositeSynthetic"
@@ -37,8 +39,8 @@ XMP_JPEG_ID: Final = b"http://ns.adobe.com/xap/1.0/\x00"
 #: The PNG iTXt keyword of an XMP packet.
 XMP_PNG_KEY: Final = "XML:com.adobe.xmp"
 
-Corner = Literal["bottom-right", "bottom-left", "top-right", "top-left"]
-CORNERS: Final[tuple[Corner, ...]] = ("bottom-right", "bottom-left", "top-right", "top-left")
+Corner = LabelCorner
+CORNERS = LABEL_CORNERS
 
 
 def software_version() -> str:
