@@ -37,6 +37,15 @@ class FuseRequest:
     options: FuseOptions
     mapping: tuple[FacePair, ...] | None
 
+    def decoded_images(self, target: bytes) -> list[bytes]:
+        """Every image a fusion of this request into ``target`` decodes (what
+        admission reserves memory for): the sources, the target, and the reference
+        when ``mode=reference`` uses it."""
+        images = [*self.sources, target]
+        if self.reference is not None and self.params.mode == "reference":
+            images.append(self.reference)
+        return images
+
     def key_options(self, output: dict[str, Any]) -> dict[str, Any]:
         """Everything besides the first source and the target that decides the result
         (for the L2 key); ``output``: the output policy (label, provenance, signing)."""

@@ -25,10 +25,10 @@ from facefuse.faces.recognizer import cosine_similarity, distance
 from facefuse.faces.types import Face
 from facefuse.serving.cache.keys import result_key, sha256_hex
 from facefuse.serving.cache.results import CachedResult
-from facefuse.serving.fuse_request import SOURCE_FIELDS, read_fuse_request
+from facefuse.serving.fuse_request import SOURCE_FIELDS, FuseRequest, read_fuse_request
 from facefuse.serving.inputs import read_request, validate_params
 from facefuse.serving.metrics import STAGES
-from facefuse.serving.pipeline import FuseOutcome, RequestContext, gather_all
+from facefuse.serving.pipeline import Analysis, FuseOutcome, RequestContext, gather_all
 from facefuse.serving.schemas import (
     EmbedParams,
     ErrorBody,
@@ -161,6 +161,51 @@ def _image_response(
     return Response(content=result.body, media_type=result.media_type, headers=headers)
 
 
+async def serve_fusion(
+    request: Request, ctx: RequestContext, req: FuseRequest, target: bytes, key: str,
+    t0: float, *, target_analysis: Analysis | None = None, marks: dict[str, Any] | None = None,
+    miss_marks: dict[str, Any] | None = None,
+) -> Response:
+    """The fused image of ``req`` into ``target``: from L2 under ``key`` when there, else
+    computed once for all identical requests in flight (memory reserved for every image
+    it decodes) and stored in L2 before the flight ends, so a later identical request
+    always hits.
+
+    Args:
+        t0: ``time.perf_counter()`` when the request arrived (the ``total`` timing).
+        target_analysis: the target's faces when already known (a stored template).
+        marks: access-log fields for every outcome; ``miss_marks``: for a computed one.
+    """
+    svc = services(request)
+    pipeline = svc.require_pipeline()
+    t = time.perf_counter()
+    cached = await svc.l2.get(key)
+    lookup_ms = (time.perf_counter() - t) * 1000.0
+    if cached is not None:
+        _mark(request, cache="hit", **(marks or {}))
+        return _image_response(cached, "hit", ctx, {
+            "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
+
+    async def compute() -> FuseOutcome:
+        async with pipeline.admit(req.decoded_images(target)):
+            result = await pipeline.fuse(req.sources, target, req.options, ctx,
+                                         fmt=req.params.format, quality=req.params.quality,
+                                         reference=req.reference, mapping=req.mapping,
+                                         similarity=req.params.similarity,
+                                         target_analysis=target_analysis)
+        await svc.l2.put(key, _pack(result))
+        return result
+
+    outcome, shared = await within_deadline(ctx, svc.coalesce(key, compute))
+    if not shared:
+        observe_stages(svc, ctx)
+    cache = "hit" if shared else "miss"
+    _mark(request, cache=cache, l1=",".join(ctx.l1), faces_fused=outcome.faces_fused,
+          faces_skipped=len(outcome.skipped), **(marks or {}), **(miss_marks or {}))
+    return _image_response(_pack(outcome), cache, ctx, {
+        "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
+
+
 # --- /v1 --------------------------------------------------------------------------------
 
 
@@ -194,35 +239,7 @@ async def fuse(request: Request) -> Response:
     ctx = svc.context(request, "/v1/fuse")
     key = result_key(sha256_hex(req.sources[0]), sha256_hex(target),
                      req.key_options(pipeline.output.describe()), pipeline.model_versions)
-    t = time.perf_counter()
-    cached = await svc.l2.get(key)
-    lookup_ms = (time.perf_counter() - t) * 1000.0
-    if cached is not None:
-        _mark(request, cache="hit")
-        return _image_response(cached, "hit", ctx, {
-            "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
-
-    async def compute() -> FuseOutcome:
-        images = [*req.sources, target]
-        if req.reference is not None and req.params.mode == "reference":
-            images.append(req.reference)
-        async with pipeline.admit(images):
-            result = await pipeline.fuse(req.sources, target, req.options, ctx,
-                                         fmt=req.params.format, quality=req.params.quality,
-                                         reference=req.reference, mapping=req.mapping,
-                                         similarity=req.params.similarity)
-        # Stored before the flight ends, so a later identical request always hits.
-        await svc.l2.put(key, _pack(result))
-        return result
-
-    outcome, shared = await within_deadline(ctx, svc.coalesce(key, compute))
-    if not shared:
-        observe_stages(svc, ctx)
-    cache = "hit" if shared else "miss"
-    _mark(request, cache=cache, l1=",".join(ctx.l1), faces_fused=outcome.faces_fused,
-          faces_skipped=len(outcome.skipped))
-    return _image_response(_pack(outcome), cache, ctx, {
-        "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
+    return await serve_fusion(request, ctx, req, target, key, t0)
 
 
 @api.post(

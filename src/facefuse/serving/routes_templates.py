@@ -26,17 +26,16 @@ from facefuse.imaging.encode import content_type
 from facefuse.serving.cache.keys import result_key, sha256_hex
 from facefuse.serving.fuse_request import SOURCE_FIELDS, read_fuse_request
 from facefuse.serving.inputs import read_request, validate_params
-from facefuse.serving.pipeline import Analysis, FuseOutcome
+from facefuse.serving.pipeline import Analysis
 from facefuse.serving.routes import (
     _ERRORS,
     SKIPPED_HEADER,
     _face_json,
-    _image_response,
     _mark,
-    _pack,
     observe_stages,
     require_admin,
     require_key,
+    serve_fusion,
     within_deadline,
 )
 from facefuse.serving.schemas import ErrorBody, FuseParams, _Params, image_request_body
@@ -183,39 +182,13 @@ async def fuse_template(request: Request, template: str) -> Response:
     key = result_key(sha256_hex(req.sources[0]), sha256_hex(stored.image),
                      {**req.key_options(pipeline.output.describe()), "template": stored.id},
                      pipeline.model_versions)
-    t = time.perf_counter()
-    cached = await svc.l2.get(key)
-    lookup_ms = (time.perf_counter() - t) * 1000.0
-    if cached is not None:
-        _mark(request, cache="hit", template=stored.id)
-        return _image_response(cached, "hit", ctx, {
-            "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
     # Faces analysed by other model versions (a reload since) are not reused.
     fresh = stored.model_versions == pipeline.model_versions
     analysis = Analysis(stored.faces, True, stored.width, stored.height) if fresh else None
-
-    async def compute() -> FuseOutcome:
-        images = [*req.sources, stored.image]
-        if req.reference is not None and req.params.mode == "reference":
-            images.append(req.reference)
-        async with pipeline.admit(images):
-            result = await pipeline.fuse(req.sources, stored.image, req.options, ctx,
-                                         fmt=req.params.format, quality=req.params.quality,
-                                         reference=req.reference, mapping=req.mapping,
-                                         similarity=req.params.similarity,
-                                         target_analysis=analysis)
-        await svc.l2.put(key, _pack(result))
-        return result
-
-    outcome, shared = await within_deadline(ctx, svc.coalesce(key, compute))
-    if not shared:
-        observe_stages(svc, ctx)
-    cache = "hit" if shared else "miss"
-    _mark(request, cache=cache, l1=",".join(ctx.l1), template=stored.id,
-          template_analysis="stored" if fresh else "recomputed",
-          faces_fused=outcome.faces_fused, faces_skipped=len(outcome.skipped))
-    return _image_response(_pack(outcome), cache, ctx, {
-        "cache": lookup_ms, "total": (time.perf_counter() - t0) * 1000.0})
+    return await serve_fusion(
+        request, ctx, req, stored.image, key, t0, target_analysis=analysis,
+        marks={"template": stored.id},
+        miss_marks={"template_analysis": "stored" if fresh else "recomputed"})
 
 
 @api.get("/capabilities", summary="Models, options and ranges, limits, mapping, provenance")
