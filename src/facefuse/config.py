@@ -158,7 +158,7 @@ class Settings:
     label: bool = False
     label_text: str = "AI-generated"
     #: ``bottom-right``, ``bottom-left``, ``top-right`` or ``top-left``.
-    label_corner: str = "bottom-right"
+    label_corner: LabelCorner = "bottom-right"
     #: Label text height as a fraction of the image's shorter side.
     label_scale: float = 0.035
     #: C2PA signing (needs c2pa-python): PEM certificate chain and private key files.

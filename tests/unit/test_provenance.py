@@ -141,7 +141,7 @@ def test_policy_from_settings(tmp_path: Path) -> None:
     assert not np.array_equal(np.asarray(Image.open(io.BytesIO(policy.encode(rgb, "png")))),
                               rgb)
     with pytest.raises(InvalidArgumentError):
-        OutputPolicy.from_settings(Settings(home=tmp_path, label_corner="middle"))
+        OutputPolicy.from_settings(Settings(home=tmp_path, label_corner="middle"))  # type: ignore[arg-type]  # a bad corner on purpose
     with pytest.raises(InvalidArgumentError) as exc:
         OutputPolicy.from_settings(Settings(home=tmp_path, c2pa_cert=tmp_path / "c.pem"))
     assert exc.value.code == "c2pa_unavailable"

@@ -26,7 +26,6 @@ from facefuse.errors import InvalidArgumentError
 from facefuse.imaging.encode import content_type, encode_image, normalize_format
 from facefuse.imaging.provenance import (
     COMPOSITE_SYNTHETIC,
-    CORNERS,
     Corner,
     Provenance,
     draw_label,
@@ -120,8 +119,6 @@ class OutputPolicy:
 
     @classmethod
     def from_settings(cls, s: Settings) -> OutputPolicy:
-        if s.label_corner not in CORNERS:
-            raise InvalidArgumentError(f"label_corner must be one of {', '.join(CORNERS)}")
         signer = None
         if s.c2pa_cert is not None or s.c2pa_key is not None:
             if s.c2pa_cert is None or s.c2pa_key is None:
