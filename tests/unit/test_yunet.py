@@ -13,8 +13,8 @@ from yunet_ref import LibFaceDetection
 
 from facefuse.config import Settings
 from facefuse.errors import BuildError, InvalidArgumentError
+from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.detector import Letterbox
-from facefuse.faces.detectors import detect_any_turn, make_detector
 from facefuse.faces.yunet import YuNetDetector, decode_yunet, greedy_nms
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
@@ -209,10 +209,10 @@ def test_recall_and_false_positives_on_the_detection_sets(
 ) -> None:
     """Every sample face found upright, turned, shrunk, cut by the frame and filling it;
     nearly all faces of the synthetic groups; nothing on the face-free photos."""
-    det = make_detector(settings.replace(detector="yunet"), registry)
+    analyser = FaceAnalyser(settings.replace(detector="yunet", det_rotations=True), registry)
     totals: dict[str, list[int]] = {}
     for case in detection_cases(sample_images, face_free):
-        boxes = np.array([d.bbox for d in detect_any_turn(det, case.image)], float)
+        boxes = np.array([d.bbox for d in analyser.detect(case.image)], float)
         hit, fp = match(boxes.reshape(-1, 4), case.faces)
         row = totals.setdefault(case.kind, [0, 0, 0])
         row[0] += hit

@@ -1,4 +1,5 @@
-"""Which face detector runs, chosen by ``Settings.detector``, and the rotation retry.
+"""Which face detector runs, chosen by ``Settings.detector``, and which quarter turns
+the detect stage (:func:`facefuse.faces.stages.detect`) tries when none is upright.
 
 ``full`` / ``short``: BlazeFace (MediaPipe) full- or short-range;
 ``yunet``: libfacedetection's YuNet. Every detector has the same shape
@@ -8,14 +9,9 @@ them alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-
 from facefuse.config import Settings
 from facefuse.faces.detector import BatchedDetector, FaceDetector
-from facefuse.faces.rotation import RETRY_TURNS, rotate_image, unrotate_detection
-from facefuse.faces.types import Detection
+from facefuse.faces.rotation import RETRY_TURNS
 from facefuse.faces.yunet import YuNetDetector
 from facefuse.runtime.registry import ModelRegistry
 
@@ -56,15 +52,3 @@ def make_detector(settings: Settings, registry: ModelRegistry) -> Detector:
 def turns_to_try(settings: Settings) -> tuple[int, ...]:
     """Quarter turns to try in order, stopping at the first that finds a face."""
     return RETRY_TURNS if settings.det_rotations else (0,)
-
-
-def detect_any_turn(
-    detector: Detector, image: np.ndarray, turns: Sequence[int] = RETRY_TURNS
-) -> list[Detection]:
-    """Faces of the first orientation in ``turns`` that has any, in ``image``'s pixels."""
-    h, w = image.shape[:2]
-    for k in turns:
-        found = detector.detect(rotate_image(image, k))
-        if found:
-            return [unrotate_detection(d, k, w, h) for d in found]
-    return []
