@@ -157,8 +157,9 @@ def report(res: dict[str, Any]) -> str:
         f"({res['wall_s']:.0f} s): the "
         f"base commit `{res['base']}` and this checkout `{res['head']}` served side by side "
         "(same models, same venv, embedded defaults, batching on), closed-loop "
-        "`POST /v1/fuse` of distinct ~630–900 px portraits (degree 80, JPEG out, "
-        f"similarity on). Latency and throughput are medians of {res['rounds']} "
+        "`POST /v1/fuse` of distinct ~630–900 px portraits (degree 80, JPEG out, each "
+        "side's default for `similarity`: on before the recogniser left the default path, "
+        f"off after). Latency and throughput are medians of {res['rounds']} "
         "interleaved rounds; peak RSS is the server's VmHWM after the 32-client level; "
         "the 2 cores are shared with the load generator and with other work.",
         "",

@@ -416,7 +416,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> str:
         machine_line(res["machine"]),
         f"Command: `.venv/bin/python bench/serve.py{' --quick' if args.quick else ''}` "
         f"({res['wall_s']:.0f} s). Closed loop on loopback, `POST /v1/fuse` (degree 80, JPEG "
-        f"out, similarity on) with portraits of ~630–900 px long side, "
+        f"out, similarity off: the default) with portraits of ~630–900 px long side, "
         f"{res['duration_s']:.0f} s per level; one uvicorn worker, embedded defaults "
         f"(in-process caches), max_batch_size {s['max_batch_size']}, max_queue_delay_ms "
         f"{s['max_queue_delay_ms']:g}, max_active {s['max_active']}, "

@@ -83,7 +83,8 @@ def test_fuse_returns_an_image_and_the_second_identical_request_is_a_cache_hit(
 ) -> None:
     files = {"source": ("s.jpg", photos["obama"], "image/jpeg"),
              "target": ("t.jpg", photos["biden"], "image/jpeg")}
-    first = client.post("/v1/fuse", files=files, data={"degree": "80", "format": "png"})
+    asked = {"degree": "80", "format": "png", "similarity": "true"}
+    first = client.post("/v1/fuse", files=files, data=asked)
     assert first.status_code == 200, first.text
     assert first.headers["content-type"] == "image/png"
     assert first.headers["x-facefuse-cache"] == "miss"
@@ -97,7 +98,7 @@ def test_fuse_returns_an_image_and_the_second_identical_request_is_a_cache_hit(
     assert out.size == Image.open(io.BytesIO(photos["biden"])).size
     assert not out.info.get("exif")
 
-    second = client.post("/v1/fuse", files=files, data={"degree": "80", "format": "png"})
+    second = client.post("/v1/fuse", files=files, data=asked)
     assert second.status_code == 200
     assert second.headers["x-facefuse-cache"] == "hit"
     assert second.content == first.content
@@ -105,7 +106,7 @@ def test_fuse_returns_an_image_and_the_second_identical_request_is_a_cache_hit(
         first.headers["x-facefuse-identity-similarity"]
 
     # Another option is another result.
-    third = client.post("/v1/fuse", files=files, data={"degree": "40", "format": "png"})
+    third = client.post("/v1/fuse", files=files, data={**asked, "degree": "40"})
     assert third.headers["x-facefuse-cache"] == "miss"
     assert third.content != first.content
 
@@ -121,6 +122,10 @@ def test_fuse_accepts_json_with_base64_and_echoes_the_request_id(
     assert r.headers["content-type"] == "image/webp"
     assert r.headers["x-request-id"] == "req-42"
     assert Image.open(io.BytesIO(r.content)).format == "WEBP"
+    # similarity is opt-in: a plain fusion runs no recogniser at all
+    assert "x-facefuse-identity-similarity" not in r.headers
+    stages = {item.split(";")[0].strip() for item in r.headers["server-timing"].split(",")}
+    assert {"decode", "mesh", "fuse"} <= stages and not {"embed", "evaluate"} & stages
 
 
 def test_concurrent_identical_requests_are_computed_once(

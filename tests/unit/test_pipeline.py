@@ -69,7 +69,8 @@ async def test_fuse_gives_the_library_bytes_and_similarity(
     # the library's bytes as the CLI writes them: with the provenance XMP
     expected = OutputPolicy.from_settings(settings).encode(library.image, fmt, 90)
     async with running(settings.replace(batching=batching), registry) as pipeline:
-        outcome = await pipeline.fuse(src, tgt, options, RequestContext(), fmt=fmt, quality=90)
+        outcome = await pipeline.fuse(src, tgt, options, RequestContext(), fmt=fmt, quality=90,
+                                      similarity=True)
     assert outcome.body == expected
     assert outcome.faces_fused == len(library.fused)
     # the similarity: one recogniser call at the rendered mesh, as the library computes

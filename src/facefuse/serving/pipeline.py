@@ -476,7 +476,7 @@ class Pipeline:
         fmt: str = "jpeg",
         quality: int = 92,
         reference: bytes | None = None,
-        similarity: bool = True,
+        similarity: bool = False,
         mapping: Sequence[FacePair] | None = None,
         target_analysis: Analysis | None = None,
     ) -> FuseOutcome:

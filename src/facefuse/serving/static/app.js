@@ -144,6 +144,7 @@ async function fuse() {
   for (const name of ["degree", "shape", "texture"]) form.append(name, $(name).value);
   form.append("target_face_index", String(state.face));
   form.append("format", $("format").value);
+  form.append("similarity", "true");
   let path = "/v1/fuse";
   if (state.template) path = "/v1/templates/" + state.template + "/fuse";
   else form.append("target", state.target);
