@@ -24,6 +24,7 @@ from facefuse.faces.align import (
     chip_transform,
     dlib_chip_transform,
     invert_affine,
+    pyramid_down,
     similarity_transform,
     template_in_chip,
     transform_points,
@@ -155,6 +156,30 @@ def test_warp_chip_with_a_translation_is_a_crop(x: int, y: int, size: int) -> No
     np.testing.assert_array_equal(chip[:h, :w], img[y : y + h, x : x + w])
     assert not chip[h:].any()
     assert not chip[:, w:].any()
+
+
+def _dlib_pyramid_down(img: np.ndarray) -> np.ndarray:
+    """dlib's ``pyramid_down<2>`` written out in integers: [1 4 6 4 1] along rows, then
+    columns, output (r, c) centred on input (2r + 2, 2c + 2), sum // 256."""
+    k = np.array([1, 4, 6, 4, 1], np.int64)
+    src = img.astype(np.int64)
+    rows, cols = (img.shape[0] - 3) // 2, (img.shape[1] - 3) // 2
+    tmp = sum(k[j] * src[:, j : j + 2 * cols - 1 : 2] for j in range(5))
+    out = sum(k[j] * tmp[j : j + 2 * rows - 1 : 2] for j in range(5))
+    return (out // 256).astype(np.uint8)  # type: ignore[no-any-return]
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(h=st.integers(9, 90), w=st.integers(9, 90), channels=st.sampled_from([0, 1, 3]),
+       seed=st.integers(0, 2**16))
+def test_pyramid_down_is_dlibs_integer_pyramid(h: int, w: int, channels: int,
+                                                seed: int) -> None:
+    shape = (h, w) if channels == 0 else (h, w, channels)
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 256, shape, dtype=np.uint8)
+    if seed % 2:  # extremes too: all-white sums reach 65280
+        img[rng.random(shape) < 0.5] = 255
+    np.testing.assert_array_equal(pyramid_down(img), _dlib_pyramid_down(img))
 
 
 def test_warp_chip_gray_and_outside() -> None:
