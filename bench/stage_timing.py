@@ -88,7 +88,8 @@ def report(res: dict[str, Any]) -> str:
         machine_line(res["machine"]),
         f"Command: `.venv/bin/python bench/stage_timing.py --base {res['base']} --requests "
         f"{res['requests']}`: servers of `{res['base']}` and `{res['head']}` up at once, one "
-        "client, the requests alternating between them; medians of the `Server-Timing` "
+        "client, the requests alternating between them (degree 80, each side's defaults: "
+        "a stage a side does not run shows 0); medians of the `Server-Timing` "
         "stages (source and target stages overlap and are summed) and of the client's wall "
         "time, ms.",
         "",
