@@ -10,12 +10,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 from mediapipe_ref import TFLiteModel, tflite_file
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from facefuse.config import Settings
 from facefuse.errors import BuildError
 from facefuse.runtime.files import sha256_file
-from facefuse.toolchain.build.tflite import convert_tflite
+from facefuse.toolchain.build.tflite import convert_tflite, postprocess_graph
 
 CASES = {
     "blazeface_full": ("input", [("regressors", 2304 * 16), ("scores", 2304)], 192),
@@ -52,6 +52,7 @@ def test_converted_graph_has_stable_names_and_free_batch(
     for o in model.graph.output:
         assert o.type.tensor_type.shape.dim[0].dim_param == "N"
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert "PRelu" not in {node.op_type for node in model.graph.node}
     for node in model.graph.node:
         if node.op_type == "Reshape":
             assert inits[node.input[1]][0] != 1  # batch copied (0), not pinned
@@ -77,6 +78,29 @@ def test_converted_graph_has_stable_names_and_free_batch(
     ref = TFLiteModel(src).run(batch)
     for a, r in zip(full, ref, strict=True):
         np.testing.assert_allclose(a.reshape(8, -1), r, rtol=1e-5, atol=1e-3)
+
+
+def test_split_prelu_is_exactly_prelu() -> None:
+    rng = np.random.default_rng(5)
+    slope = rng.uniform(-1.5, 1.5, (1, 4, 1, 1)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("PRelu", ["x", "slope"], ["y"])], "prelu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5, 5])],
+        [numpy_helper.from_array(slope, "slope")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    reference = ort.InferenceSession(model.SerializeToString(),
+                                     providers=["CPUExecutionProvider"])
+    split = postprocess_graph(model, output_names=None, dynamic_batch=False)
+    assert [n.op_type for n in split.graph.node] == ["Relu", "Neg", "Relu", "Mul", "Add"]
+    session = ort.InferenceSession(split.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.normal(0, 3, (1, 4, 5, 5)).astype(np.float32)
+    x[0, 0, 0, :3] = (0.0, -0.0, 1e-30)
+    (want,) = reference.run(None, {"x": x})
+    (got,) = session.run(None, {"input": x})
+    assert np.array_equal(got, want)
+    assert np.array_equal(got, np.where(x > 0, x, x * slope))
 
 
 def test_conversion_is_reproducible(src_dir: Path, settings: Settings, tmp_path: Path) -> None:
