@@ -49,7 +49,7 @@ import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
-from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.geometry import eye_distance, nearest_distance
 
 #: Skin sample vertices keep at least this many eye distances from every feature point.
 FEATURE_CLEARANCE = 0.12
@@ -113,9 +113,7 @@ def skin_vertices(landmarks: np.ndarray) -> np.ndarray:
     lm = np.asarray(landmarks, np.float64)[:468, :2]
     clear = FEATURE_CLEARANCE * eye_distance(landmarks)
     avoid = np.concatenate([_feature_points(landmarks), lm[list(topo.FACE_OVAL)]])
-    d2 = ((lm[:, None, 0] - avoid[None, :, 0]) ** 2
-          + (lm[:, None, 1] - avoid[None, :, 1]) ** 2).min(axis=1)
-    return np.flatnonzero(d2 > clear * clear)
+    return np.flatnonzero(nearest_distance(lm, avoid) > clear)
 
 
 def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None:
