@@ -5,23 +5,36 @@ time of the fusion stage alone (faces already analysed: ``FaceFuser.fuse_faces``
 without evaluation) and of the whole ``fuse()`` (decode of arrays, analysis of
 source and target, fusion; evaluation off), over several source→target pairs.
 
-    .venv/bin/python bench/fuse.py [--repeat 5]
+    .venv/bin/python bench/fuse.py [--repeat 5] [--base REV] [--rounds 3]
     .venv/bin/python bench/fuse.py --masks [--repeat 9]
+    .venv/bin/python bench/fuse.py --profile [--size 900]
 
 Writes bench/results/fuse.json and the "fuse" section of BENCHMARKS.md. With
-``--masks``: only the fusion stage at 1024 px, without and with relighting and
-the occluder masks, interleaved pair by pair so both see the same machine load;
-writes bench/results/fuse_masks.json and the "fuse-masks" section.
+``--base REV`` the fusion stage of that commit (its ``src/`` exported and run in
+a second process) is timed too, round by round alternating with this checkout's
+own process, and the section gets a before/after table. With ``--masks``: only
+the fusion stage at 1024 px, without and with relighting and the occluder masks,
+interleaved pair by pair so both see the same machine load; writes
+bench/results/fuse_masks.json and the "fuse-masks" section. With ``--profile``:
+cProfile of the fusion stage (1 thread, targets at ``--size`` px), printed only.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
+import json
+import os
+import pstats
 import statistics
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import cv2
 import numpy as np
@@ -35,7 +48,7 @@ from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import fetch_samples
 from facefuse.toolchain.trials import AFTER, BEFORE
-from report import machine, machine_line, median_ms, write_json, write_section
+from report import ROOT, machine, machine_line, median_ms, write_json, write_section
 
 SIZES = (512, 1024, 2048, 4096)
 PAIRS = (("obama", "biden"), ("biden", "astronaut"), ("astronaut", "obama2"))
@@ -95,15 +108,131 @@ def compare_masks(repeat: int) -> None:
     print("\n".join(lines))
 
 
+class StageTimer:
+    """The fusion stage on analysed sample pairs, at a given thread count and target size."""
+
+    def __init__(self) -> None:
+        base = Settings.from_env()
+        paths = fetch_samples(base.samples_dir, base.downloads_dir)
+        self.images = {n: decode_image(p) for n, p in paths.items()}
+        self.base = base
+        self.fusers: dict[int, FaceFuser] = {}
+        self.faces: dict[tuple[int, str, int], Any] = {}
+
+    def fuser(self, threads: int) -> FaceFuser:
+        cv2.setNumThreads(threads)
+        if threads not in self.fusers:
+            self.fusers[threads] = FaceFuser(self.base.replace(threads=threads))
+        return self.fusers[threads]
+
+    def stage_ms(self, threads: int, size: int, repeat: int,
+                 opts: FuseOptions) -> list[float | None]:
+        """Per pair of :data:`PAIRS`: the stage's median ms (None: target unusable)."""
+        fz = self.fuser(threads)
+        out: list[float | None] = []
+        for s, t in PAIRS:
+            src, tgt = self.images[s], resize_long(self.images[t], size)
+            key = (threads, t, size)
+            if key not in self.faces:
+                self.faces[key] = (fz.analyser.analyse(src)[0], fz.analyser.analyse(tgt))
+            sf, tf = self.faces[key]
+            try:
+                check_usable(tf[0], "target")
+            except FacefuseError:
+                out.append(None)
+                continue
+            out.append(median_ms(lambda fz=fz, src=src, sf=sf, tgt=tgt, tf=tf: fz.fuse_faces(
+                src, sf, tgt, tf, [0], opts), repeat))
+        return out
+
+
+def stage_worker() -> None:
+    """Answer one JSON line per request line ``{"threads", "size", "repeat"}`` on stdin
+    with the per-pair stage medians (the other side of ``--base``)."""
+    timer = StageTimer()
+    opts = FuseOptions(degree=100, evaluate=False)
+    for line in sys.stdin:
+        q = json.loads(line)
+        print(json.dumps(timer.stage_ms(q["threads"], q["size"], q["repeat"], opts)),
+              flush=True)
+
+
+@contextmanager
+def worker_at(src: Path) -> Iterator[tuple[IO[str], IO[str]]]:
+    """A ``--stage-worker`` process importing facefuse from ``src``."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    proc = subprocess.Popen([sys.executable, __file__, "--stage-worker"], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        yield proc.stdin, proc.stdout
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
+
+
+def compare_base(rev: str, repeat: int, rounds: int) -> dict[str, Any]:
+    """Fusion stage of ``rev`` and of this checkout, each in its own process, the two
+    alternating size by size in every round; medians over rounds of the per-pair
+    median over pairs."""
+    from ab import export_src, short_rev  # the same export as the server A/B
+
+    per: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
+    with tempfile.TemporaryDirectory() as tmp, \
+            worker_at(export_src(rev, Path(tmp))) as old, worker_at(ROOT / "src") as new:
+        for _ in range(rounds):
+            for threads in (1, 2):
+                for size in SIZES:
+                    for side, (w, r) in (("before", old), ("after", new)):
+                        w.write(json.dumps({"threads": threads, "size": size,
+                                            "repeat": repeat}) + "\n")
+                        w.flush()
+                        got = [v for v in json.loads(r.readline()) if v is not None]
+                        if got:
+                            per[side].setdefault(f"{threads}t_{size}", []).append(
+                                statistics.median(got))
+    rows = {k: {"before_ms": statistics.median(per["before"][k]),
+                "after_ms": statistics.median(per["after"][k]),
+                "rounds_before": per["before"][k], "rounds_after": per["after"][k]}
+            for k in per["after"] if k in per["before"]}
+    return {"base": short_rev(rev), "rounds": rounds, "rows": rows}
+
+
+def profile(size: int, repeat: int) -> None:
+    """cProfile of the fusion stage at 1 thread, targets at ``size`` px (long side)."""
+    timer = StageTimer()
+    opts = FuseOptions(degree=80, evaluate=False)
+    timer.stage_ms(1, size, 1, opts)  # analyse and warm up
+    prof = cProfile.Profile()
+    prof.enable()
+    timer.stage_ms(1, size, repeat, opts)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--masks", action="store_true",
                     help="only compare the fusion stage without and with the masks")
+    ap.add_argument("--base", help="also time the fusion stage of this commit, side by side")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds with --base")
+    ap.add_argument("--profile", action="store_true", help="cProfile the fusion stage")
+    ap.add_argument("--size", type=int, default=900, help="target long side with --profile")
+    ap.add_argument("--stage-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.stage_worker:
+        stage_worker()
+        return
+    if args.profile:
+        profile(args.size, args.repeat)
+        return
     if args.masks:
         compare_masks(args.repeat)
         return
+    side_by_side = compare_base(args.base, args.repeat, args.rounds) if args.base else None
     base = Settings.from_env()
     paths = fetch_samples(base.samples_dir, base.downloads_dir)
     images = {n: decode_image(p) for n, p in paths.items()}
@@ -138,7 +267,8 @@ def main() -> None:
             }
             print(rows[f"{threads}t_{size}"])
     m = machine()
-    write_json("fuse", {"machine": m, "repeat": args.repeat, "pairs": PAIRS, "rows": rows})
+    write_json("fuse", {"machine": m, "repeat": args.repeat, "pairs": PAIRS, "rows": rows,
+                        "side_by_side": side_by_side})
     lines = [
         "## Fusion (`bench/fuse.py`)", "", machine_line(m),
         f"Command: `.venv/bin/python bench/fuse.py --repeat {args.repeat}`. Median over the "
@@ -151,8 +281,29 @@ def main() -> None:
     for r in rows.values():
         lines.append(f"| {r['threads']} | {r['long_side']} | {r['face_width_px']:.0f} | "
                      f"{r['fusion_stage_ms']:.1f} | {r['fuse_ms']:.1f} |")
+    if side_by_side is not None:
+        lines += base_lines(side_by_side, args.repeat)
     write_section("fuse", "\n".join(lines))
     print("\n".join(lines))
+
+
+def base_lines(res: dict[str, Any], repeat: int) -> list[str]:
+    """The before/after table of :func:`compare_base`."""
+    lines = [
+        "", f"Fusion stage before (`{res['base']}`) and after (this checkout), side by side: "
+        f"`.venv/bin/python bench/fuse.py --repeat {repeat} --base {res['base']} --rounds "
+        f"{res['rounds']}`. Each side in its own process, the two alternating size by size "
+        f"in each of {res['rounds']} rounds; median over rounds of the median over pairs "
+        "(degree 100, evaluation off). On a shared machine the absolute figures move; "
+        "the ratio is the figure to read.", "",
+        "| threads | target long side | before (ms) | after (ms) | after / before |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for key, r in res["rows"].items():
+        threads, size = key.split("_")
+        lines.append(f"| {threads[:-1]} | {size} | {r['before_ms']:.1f} | {r['after_ms']:.1f} | "
+                     f"{r['after_ms'] / r['before_ms']:.2f} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -46,3 +46,36 @@ def test_the_glibc_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1048576")
     assert pin_mmap_threshold() is False
+
+
+# Allocates 64 MB in 64 KB blocks (each under the mmap threshold: they come from the
+# heap), each followed by a small block that stays (so the free blocks cannot merge
+# into the heap's top and be trimmed by free itself), frees the large ones, then (with
+# "trim") releases the free heap. Prints the RSS left, MB, over the start.
+TRIM_CHILD = """
+import sys
+from facefuse.serving.heap import release_free_heap
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+before = rss()
+blocks, keep = [], []
+for _ in range(1024):
+    blocks.append(bytearray(64 * 1024))
+    keep.append(bytearray(600))
+del blocks
+if sys.argv[1] == "trim":
+    assert release_free_heap()
+print(rss() - before)
+"""
+
+
+def _left(mode: str) -> float:
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD, mode], capture_output=True,
+                         text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    return float(out.stdout.strip())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
+def test_releasing_the_free_heap_returns_freed_small_blocks() -> None:
+    assert _left("keep") >= 32.0  # freed heap pages stay resident
+    assert _left("trim") < 16.0

@@ -38,7 +38,7 @@ def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str,
     target's occluders) go back on top afterwards."""
     x0, y0, x1, y1 = layer.region
     bg = image[y0:y1, x0:x1]
-    fg = np.clip(layer.face, 0, 255).astype(np.float32)
+    fg = np.clip(np.asarray(layer.face, np.float32), 0, 255)
     out: np.ndarray
     if mode == "multiband":
         out = (pixels or OpenCVPixels()).multiband(fg, bg, layer.mask)
@@ -48,7 +48,10 @@ def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str,
         out = alpha_blend(fg, bg, layer.mask)
     if layer.keep is not None:
         out = alpha_blend(bg.astype(np.float32), out.astype(np.float32), layer.keep)
-    image[y0:y1, x0:x1] = np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    res = np.asarray(out, np.float32)  # a fresh array from every blend: rounded in place
+    np.rint(res, out=res)
+    np.clip(res, 0, 255, out=res)
+    image[y0:y1, x0:x1] = res
 
 
 class FaceFuser:

@@ -187,6 +187,18 @@ def align_lower_face(aligned: np.ndarray, target: np.ndarray) -> np.ndarray:
     return out
 
 
+def nearest_distance(points: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """(N,) distance from each of ``points`` (N, 2) to the nearest of ``others``
+    (K, 2), in their units: squared per axis, one minimum, one square root."""
+    x = np.asarray(points[:, 0], np.float64)[:, None] - np.asarray(others[:, 0], np.float64)
+    y = np.asarray(points[:, 1], np.float64)[:, None] - np.asarray(others[:, 1], np.float64)
+    x *= x
+    y *= y
+    x += y
+    out: np.ndarray = np.sqrt(x.min(axis=1))
+    return out
+
+
 def fused_shape(
     source: np.ndarray, target: np.ndarray, weight: float, *, outline: float = 0.0
 ) -> np.ndarray:
@@ -224,7 +236,7 @@ def fused_shape(
         # Inside the region: rigid. Around it, a halo fading to the free motion, so
         # skin next to the lips or lids cannot cross their contour and fold the mesh.
         span = float(np.linalg.norm(tgt[anchors[0], :2] - tgt[anchors[1], :2]))
-        dist = np.min(np.linalg.norm(tgt[:n, None, :2] - tgt[None, idx, :2], axis=2), axis=1)
+        dist = nearest_distance(tgt[:n, :2], tgt[idx, :2])
         w = np.clip(1.0 - dist / max(1e-6, REGION_HALO * span), 0.0, 1.0)
         w[idx] = 1.0
         w[list(topo.FACE_OVAL)] = 0.0

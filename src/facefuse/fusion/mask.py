@@ -99,6 +99,30 @@ def _soften(canvas: np.ndarray, erode_px: float, sigma: float, pad: int) -> np.n
     return out
 
 
+def _feature_mask(landmarks: np.ndarray, contours: tuple[tuple[int, ...], ...], region: Region,
+                  erode_px: float, sigma: float, pad: int) -> np.ndarray:
+    """Soft mask (H, W) float32 over ``region`` of the union of the filled mesh
+    ``contours``, grown by ``-erode_px`` and blurred by ``sigma`` (see :func:`_soften`).
+
+    Only the contours' bounding box grown by ``pad`` pixels is drawn and softened
+    (``pad`` must cover the growth plus the blur's reach, 4 σ): a feature is a small
+    part of the face region, and outside that box the mask is exactly 0.
+    """
+    x0, y0, x1, y1 = region
+    out = np.zeros((y1 - y0, x1 - x0), np.float32)
+    pts = landmarks[[i for idx in contours for i in idx], :2]
+    bx0 = max(x0, int(np.floor(pts[:, 0].min())) - pad)
+    by0 = max(y0, int(np.floor(pts[:, 1].min())) - pad)
+    bx1 = min(x1, int(np.ceil(pts[:, 0].max())) + pad + 1)
+    by1 = min(y1, int(np.ceil(pts[:, 1].max())) + pad + 1)
+    if bx1 <= bx0 or by1 <= by0:
+        return out
+    box = (bx0, by0, bx1, by1)
+    canvas = np.maximum.reduce([_draw(landmarks, idx, box, pad) for idx in contours])
+    out[by0 - y0:by1 - y0, bx0 - x0:bx1 - x0] = _soften(canvas, erode_px, sigma, pad)
+    return out
+
+
 def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
     """Soft face-oval mask (H, W) float32 over ``region``: 1 inside, 0 outside,
     a ramp of about ``feather`` pixels just inside the oval.
@@ -120,18 +144,15 @@ def mouth_open(landmarks: np.ndarray) -> bool:
 def lips_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
     """Soft mask (H, W) float32 of the mouth inside its outer-lip contour, open or not."""
     f = feather if feather is not None else feather_px(landmarks)
-    pad = int(np.ceil(2 * f)) + 2
-    canvas = _draw(landmarks, topo.LIPS_OUTER, region, pad)
-    return _soften(canvas, -0.1 * f, max(0.6, f / 4.0), pad)
+    return _feature_mask(landmarks, (topo.LIPS_OUTER,), region, -0.1 * f, max(0.6, f / 4.0),
+                         int(np.ceil(2 * f)) + 2)
 
 
 def eyes_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
     """Soft mask (H, W) float32 of both eye openings (inside the lid contours)."""
     f = feather if feather is not None else feather_px(landmarks)
-    pad = int(np.ceil(2 * f)) + 2
-    canvas = np.maximum(_draw(landmarks, topo.EYE_IMAGE_LEFT, region, pad),
-                        _draw(landmarks, topo.EYE_IMAGE_RIGHT, region, pad))
-    return _soften(canvas, -0.1 * f, max(0.6, f / 6.0), pad)
+    return _feature_mask(landmarks, (topo.EYE_IMAGE_LEFT, topo.EYE_IMAGE_RIGHT), region,
+                         -0.1 * f, max(0.6, f / 6.0), int(np.ceil(2 * f)) + 2)
 
 
 def boundary_band(mask: np.ndarray, low: float = 0.05, high: float = 0.95) -> np.ndarray:

@@ -49,7 +49,7 @@ import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
-from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.geometry import eye_distance, nearest_distance
 
 #: Skin sample vertices keep at least this many eye distances from every feature point.
 FEATURE_CLEARANCE = 0.12
@@ -113,9 +113,7 @@ def skin_vertices(landmarks: np.ndarray) -> np.ndarray:
     lm = np.asarray(landmarks, np.float64)[:468, :2]
     clear = FEATURE_CLEARANCE * eye_distance(landmarks)
     avoid = np.concatenate([_feature_points(landmarks), lm[list(topo.FACE_OVAL)]])
-    d2 = ((lm[:, None, 0] - avoid[None, :, 0]) ** 2
-          + (lm[:, None, 1] - avoid[None, :, 1]) ** 2).min(axis=1)
-    return np.flatnonzero(d2 > clear * clear)
+    return np.flatnonzero(nearest_distance(lm, avoid) > clear)
 
 
 def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None:
@@ -212,6 +210,18 @@ def _grow(mask: np.ndarray, r: float) -> np.ndarray:
     dist = cv2.distanceTransform((mask == 0).astype(np.uint8), cv2.DIST_L2, 3)
     out: np.ndarray = dist <= r
     return out
+
+
+def _grow_near(mask: np.ndarray, r: float) -> tuple[tuple[slice, slice], np.ndarray]:
+    """:func:`_grow` of a small uint8 ``mask`` computed only on the box that can
+    change: its nonzero pixels' bounding box grown by a bit more than ``r`` (the
+    3×3 distance's axial step is 0.955 px), clipped to the image. Returns the box
+    as slices and the grown mask (bool) over it; outside the box it is False."""
+    x, y, w, h = cv2.boundingRect(mask)
+    m = int(np.ceil(1.1 * r)) + 2
+    box = (slice(max(0, y - m), min(mask.shape[0], y + h + m)),
+           slice(max(0, x - m), min(mask.shape[1], x + w + m)))
+    return box, _grow(mask[box], r)
 
 
 def _shrink(mask: np.ndarray, r: float) -> np.ndarray:
@@ -316,8 +326,9 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
         fm = m > 127
         if not fm.any():
             continue
-        ring = _grow(m, 0.12 * d) & ~feat & (face > 127)
-        if ring.any() and binary[ring].mean() > RING_OCCLUDED:
+        box, grown = _grow_near(m, 0.12 * d)
+        ring = grown & ~feat[box] & (face[box] > 127)
+        if ring.any() and binary[box][ring].mean() > RING_OCCLUDED:
             binary[fm] = 1
     # An occluder that covers a good part of a brow's, the lips' or the nostrils'
     # surroundings (a lens rim, a fringe, a bar along the lip) takes the part of
@@ -325,9 +336,12 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     reach = None
     for m in feats[2:]:
         fm = (m > 127) & (binary == 0)
+        if not fm.any():
+            continue
         # The ring includes neighbouring features: an eye covered by now counts.
-        ring = _grow(m, 0.1 * d) & (m <= 127) & (face > 127)
-        if fm.any() and ring.any() and binary[ring].mean() > BROW_RING_OCCLUDED:
+        box, grown = _grow_near(m, 0.1 * d)
+        ring = grown & (m[box] <= 127) & (face[box] > 127)
+        if ring.any() and binary[box][ring].mean() > BROW_RING_OCCLUDED:
             reach = _grow(binary, BROW_REACH * d) if reach is None else reach
             binary[fm] = reach[fm]
     # Small islands are shading, stubble or a highlight, not something in front.

@@ -135,15 +135,15 @@ def laplacian_blend(
         n = min(levels, cap)
     m = _mask_f32(mask, fg.shape)
     b = bg.astype(np.float32)
-    diff = fg.astype(np.float32) - b
+    diff = np.subtract(fg, b, dtype=np.float32)
     if n == 0 or not np.any(m):
         out0: F32 = b + _expand(m, fg.ndim) * diff
         return _finish(out0, fg, bg)
     squeeze = fg.ndim == 3 and fg.shape[2] == 1  # OpenCV would drop that axis
     d2 = diff[..., 0] if squeeze else diff
     acc = _pyramid_blend(d2, m, n)
-    out: F32 = b + (acc[..., None] if squeeze else acc)
-    return _finish(out, fg, bg)
+    b += acc[..., None] if squeeze else acc
+    return _finish(b, fg, bg)
 
 
 def _pyramid_blend(diff: F32, mask: F32, n: int) -> F32:
@@ -154,12 +154,16 @@ def _pyramid_blend(diff: F32, mask: F32, n: int) -> F32:
     for _ in range(n):
         gauss_d.append(_f32(cv2.pyrDown(gauss_d[-1])))
         gauss_m.append(_f32(cv2.pyrDown(gauss_m[-1])))
-    # Coarsest band first, then add each finer band while expanding.
+    # Coarsest band first, then add each finer band while expanding (in place: at
+    # the finest levels every temporary is a full-size float image).
     acc: F32 = _expand(gauss_m[n], ndim) * gauss_d[n]
     for k in range(n - 1, -1, -1):
         size = (gauss_d[k].shape[1], gauss_d[k].shape[0])
-        band = gauss_d[k] - _f32(cv2.pyrUp(gauss_d[k + 1], dstsize=size))
-        acc = _f32(cv2.pyrUp(acc, dstsize=size)) + _expand(gauss_m[k], ndim) * band
+        band = _f32(cv2.pyrUp(gauss_d[k + 1], dstsize=size))
+        np.subtract(gauss_d[k], band, out=band)
+        band *= _expand(gauss_m[k], ndim)
+        acc = _f32(cv2.pyrUp(acc, dstsize=size))
+        acc += band
     return acc
 
 

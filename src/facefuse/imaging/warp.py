@@ -85,10 +85,21 @@ def triangle_affines(
         that are degenerate (zero area) in the destination (their coefficients
         are zeros).
     """
-    src = _as_points("src_pts", src_pts)
     dst = _as_points("dst_pts", dst_pts)
+    src = _as_source(src_pts, dst)
+    tri = _as_triangles(triangles, len(dst))
+    inv, ok = _destination_inverses(dst, tri)
+    return _apply_inverses(inv, ok, src, tri), ok
+
+
+def _as_source(src_pts: npt.ArrayLike, dst: F64) -> F64:
+    src = _as_points("src_pts", src_pts)
     if src.shape != dst.shape:
         raise InvalidArgumentError(f"src_pts {src.shape} and dst_pts {dst.shape} differ in shape")
+    return src
+
+
+def _as_triangles(triangles: npt.ArrayLike, n_points: int) -> npt.NDArray[np.intp]:
     tri = np.asarray(triangles)
     if (
         tri.ndim != 2
@@ -99,20 +110,34 @@ def triangle_affines(
             f"triangles must be an int array of shape (T, 3), not {tri.shape}"
         )
     tri = tri.astype(np.intp, copy=False)
-    if tri.size and (tri.min() < 0 or tri.max() >= len(src)):
-        raise InvalidArgumentError(f"triangle indices must be in [0, {len(src)})")
+    if tri.size and (tri.min() < 0 or tri.max() >= n_points):
+        raise InvalidArgumentError(f"triangle indices must be in [0, {n_points})")
+    return tri
+
+
+def _destination_inverses(dst: F64, tri: npt.NDArray[np.intp]) -> tuple[F64, npt.NDArray[np.bool_]]:
+    """Per non-degenerate destination triangle the inverse (K, 3, 3) of its
+    ``[x y 1]`` corner matrix, and the (T,) bool mask of those triangles: one
+    inversion serves every source point set warped onto the same mesh."""
     d = dst[tri]  # (T, 3, 2)
-    s = src[tri]
     area2 = (d[:, 1, 0] - d[:, 0, 0]) * (d[:, 2, 1] - d[:, 0, 1]) - (d[:, 2, 0] - d[:, 0, 0]) * (
         d[:, 1, 1] - d[:, 0, 1]
     )
     ok = np.abs(area2) > _MIN_AREA2
+    a = np.concatenate([d[ok], np.ones((int(ok.sum()), 3, 1))], axis=2)  # (K, 3, 3)
+    inv: F64 = np.linalg.inv(a) if len(a) else np.zeros((0, 3, 3))
+    return inv, ok
+
+
+def _apply_inverses(inv: F64, ok: npt.NDArray[np.bool_], src: F64,
+                    tri: npt.NDArray[np.intp]) -> F64:
+    """(T, 2, 3) affine coefficients (zeros for degenerate triangles) taking the
+    destination triangles onto ``src``'s, from :func:`_destination_inverses`."""
     coeffs = np.zeros((len(tri), 2, 3), dtype=np.float64)
-    if np.any(ok):
-        a = np.concatenate([d[ok], np.ones((int(ok.sum()), 3, 1))], axis=2)  # (K, 3, 3)
-        m = np.linalg.solve(a, s[ok])  # (K, 3, 2): [x y 1] @ m = src
+    if len(inv):
+        m = inv @ src[tri[ok]]  # (K, 3, 2): [x y 1] @ m = src
         coeffs[ok] = m.transpose(0, 2, 1)
-    return coeffs, ok
+    return coeffs
 
 
 def rasterize_triangles(
@@ -220,29 +245,38 @@ def piecewise_affine_maps(
     Returns ``([(map_x, map_y) per source set], valid_mask)``.
     """
     x0, y0, x1, y1 = _as_region(region)
+    dst = _as_points("dst_pts", dst_pts)
+    sources = [_as_source(p, dst) for p in src_sets]
+    tri = _as_triangles(triangles, len(dst))
+    inv, ok = _destination_inverses(dst, tri)
     tables = []
-    ok: npt.NDArray[np.bool_] | None = None
-    for src_pts in src_sets:
-        coeffs, ok = triangle_affines(src_pts, dst_pts, triangles)
-        # Shift the constant term to region-local pixel coordinates to keep precision.
-        table = np.empty((len(coeffs) + 1, 2, 3), dtype=np.float64)
-        table[0] = ((0.0, 0.0, INVALID), (0.0, 0.0, INVALID))
-        table[1:, :, :2] = coeffs[:, :, :2]
-        table[1:, :, 2] = coeffs[:, :, 2] + coeffs[:, :, 0] * x0 + coeffs[:, :, 1] * y0
+    for src in sources:
+        coeffs = _apply_inverses(inv, ok, src, tri)
+        # Shift the constant term to region-local pixel coordinates to keep precision;
+        # row 0 is the "outside every triangle" entry. Per axis, one float32 table of
+        # (T + 1,) for each of the x, y and constant coefficients: three small
+        # gathers per axis instead of a float64 (h, w, 3) one.
+        table = np.empty((2, 3, len(coeffs) + 1), dtype=np.float32)
+        table[:, :, 0] = ((0.0, 0.0, INVALID), (0.0, 0.0, INVALID))
+        table[:, :2, 1:] = coeffs[:, :, :2].transpose(1, 2, 0)
+        table[:, 2, 1:] = (coeffs[:, :, 2] + coeffs[:, :, 0] * x0 + coeffs[:, :, 1] * y0).T
         tables.append(table)
-    labels = rasterize_triangles(dst_pts, triangles, (x0, y0, x1, y1), ok)
+    labels = rasterize_triangles(dst, tri, (x0, y0, x1, y1), ok)
     valid = labels > 0
     if extrapolate:
         labels = _fill_nearest(labels)
-    xs = np.arange(x1 - x0, dtype=np.float64)[None, :]
-    ys = np.arange(y1 - y0, dtype=np.float64)[:, None]
+    xs = np.arange(x1 - x0, dtype=np.float32)[None, :]
+    ys = np.arange(y1 - y0, dtype=np.float32)[:, None]
     maps: list[tuple[F32, F32]] = []
     for table in tables:
         per_axis = []
         for axis in (0, 1):
-            c = table[:, axis, :][labels]  # (h, w, 3)
-            m = c[..., 0] * xs + c[..., 1] * ys + c[..., 2]
-            per_axis.append(m.astype(np.float32))
+            a, b, c = (np.take(table[axis, k], labels) for k in range(3))
+            a *= xs
+            b *= ys
+            a += b
+            a += c
+            per_axis.append(a)
         maps.append((per_axis[0], per_axis[1]))
     return maps, valid
 

@@ -31,6 +31,7 @@ from facefuse.errors import FacefuseError, InvalidArgumentError
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.budget import MemoryBudget, budget_bytes, current_rss_bytes
 from facefuse.serving.cache.results import InProcessResultCache, RedisResultCache, ResultCache
+from facefuse.serving.heap import release_free_heap
 from facefuse.serving.http_errors import install_error_handlers
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.middleware import RequestContextMiddleware
@@ -112,6 +113,8 @@ def _lifespan(
             log.error("cannot start: %s", exc.message, extra={"fields": {"code": exc.code}})
             raise
         pipeline.start()
+        # Model loading and warm-up leave tens of MB of freed buffers resident.
+        release_free_heap()
         pool = request_pool_bytes(settings)
         assert svc.budget is not None
         svc.budget.set_capacity(pool)
@@ -122,6 +125,7 @@ def _lifespan(
         watcher: asyncio.Task[None] | None = None
         if settings.reload_poll_s > 0:
             watcher = asyncio.create_task(watch_models(svc), name="model-watcher")
+
         log.info("facefuse ready", extra={"fields": {
             "startup_s": round(time.monotonic() - t0, 2), "models": pipeline.model_versions,
             "l2": l2_state, "batching": settings.batching, "auth": svc.keys.enabled,

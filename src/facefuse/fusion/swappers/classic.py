@@ -192,12 +192,11 @@ class ClassicSwapper:
             tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
         ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
             [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]], mesh_dst, tris, frame)
-        bg = tgt_img.astype(np.float32)
-        outside = ~valid
+        outside = ~valid[..., None]
         # Outside the mesh the maps are undefined: use the target's own pixels there,
         # so coarse pyramid levels of the blend never see invented content.
         target_layer = self.pixels.remap(tgt_img, mx_t, my_t)
-        target_layer[outside] = bg[outside]
+        np.copyto(target_layer, tgt_img, where=outside)
         mask = masks.oval_mask(dst, frame, feather) * valid.astype(np.float32)
         if tgt_occ is not None:
             tgt_occ = tgt_occ if tgt_occ.any() else None
@@ -205,13 +204,13 @@ class ClassicSwapper:
             mask *= 1.0 - occ.soften(tgt_occ, 1.0, 0.5)
         if w_tex <= 0.0:
             return target_layer, mask, tgt_occ
-        source_layer = self.pixels.remap(src_img, mx_s, my_s).astype(np.float32)
+        source_layer = self.pixels.remap(src_img, mx_s, my_s)
         if relight:
             gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
                                       src_occ, tgt_occ)
             source_layer *= _vertex_field(gains**RELIGHT_STRENGTH, mesh_dst, (w, h),
                                           FIELD_SIGMA_FRACTION * eye_distance(dst))
-        source_layer[outside] = target_layer[outside]
+        np.copyto(source_layer, target_layer, where=outside)
         skin = (mask > 0.5).astype(np.float32)
         reject = None
         if src_occ is not None:
@@ -240,5 +239,8 @@ class ClassicSwapper:
             # and inner lips into a closed mouth. The target's closed lips stay.
             alpha *= 1.0 - SOURCE_OPEN_LIPS_KEEP * masks.lips_mask(dst, frame, feather)
         alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, frame, feather)
-        face = target_layer + alpha[..., None] * (source_layer - target_layer)
-        return face, mask, tgt_occ
+        # target + alpha * (source - target), in place.
+        source_layer -= target_layer
+        source_layer *= alpha[..., None]
+        source_layer += target_layer
+        return source_layer, mask, tgt_occ
