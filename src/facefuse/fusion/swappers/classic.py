@@ -8,6 +8,9 @@
    then its sharpness is matched to the target's.
 4. The layer is the texture-weighted mix of the two warped images, with the
    target's own mouth interior (teeth, tongue) kept when its mouth is open.
+   What the source hides from the fused pose, or lacks beyond its face outline,
+   comes from the mirrored other half of the source face
+   (:mod:`facefuse.fusion.symmetry`), else from the target.
 """
 
 from __future__ import annotations
