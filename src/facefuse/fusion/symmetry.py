@@ -42,7 +42,7 @@ import numpy as np
 from facefuse.faces.landmarker import MESH_POINTS
 from facefuse.faces.mesh_mirror import MIRROR
 from facefuse.fusion.light import vertex_normals
-from facefuse.fusion.occlusion import skin_vertices
+from facefuse.fusion.occlusion import outline_mask, skin_vertices
 
 #: Foreshortening ratio (source over target) at and below which a triangle counts
 #: as hidden in the source, and at and above which as fully shown.
@@ -175,22 +175,24 @@ def inside_outline(outline: np.ndarray, map_x: np.ndarray, map_y: np.ndarray,
 
 
 def combine(shown: np.ndarray, shown_soft: np.ndarray, uncovered: np.ndarray | None,
-            mirror: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            mirror: np.ndarray, mirror_soft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-pixel weights (h, w) of the direct and mirrored samples.
 
     ``shown``/``shown_soft``: the direct score gated by the source's outline,
-    crisply and with a ramp inside it (:func:`inside_outline`); ``uncovered``:
-    1 off the source's occluders (None: no occluder mask); ``mirror``: the
-    mirrored score gated by outline and occluders. Where the mirror is available
-    the direct sample fades out along the ramp and the mirror takes over, so
-    the two cross-fade instead of meeting at the outline; where the direct
-    sample is shown but covered (hair, a hand) the target's own pixels stay,
-    since the other half of an occluded face is often covered too.
+    crisply and with a ramp inside it (:func:`inside_outline`); ``mirror`` /
+    ``mirror_soft``: the mirrored score gated the same ways (and ``mirror`` by
+    the occluders); ``uncovered``: 1 off the source's occluders (None: no
+    occluder mask). Where the mirrored sample lies deeper inside the source's
+    face than the direct one, the direct sample fades out along its ramp and the
+    mirror takes over, so the two cross-fade instead of meeting at the outline
+    (and a frontal pair, whose two sides are alike, keeps its direct samples);
+    where the direct sample is shown but covered (hair, a hand) the target's own
+    pixels stay, since the other half of a covered face is often covered too.
     ``1 − sum`` goes to the target's own pixels.
     """
-    m_ok = np.clip(mirror, 0.0, 1.0)
-    direct = np.clip(shown + m_ok * (shown_soft - shown), 0.0, 1.0)
-    m = (1.0 - direct) * m_ok
+    deeper = np.clip(mirror_soft - shown_soft, 0.0, 1.0)
+    direct = np.clip(shown + deeper * (shown_soft - shown), 0.0, 1.0)
+    m = (1.0 - direct) * np.clip(mirror, 0.0, 1.0)
     d = direct if uncovered is None else direct * uncovered
     return d.astype(np.float32), m.astype(np.float32)
 
@@ -209,7 +211,8 @@ def side_tone(source_img: np.ndarray, source_lm: np.ndarray, tris: np.ndarray,
     at the mirror vertex.
 
     The two halves of a face share their skin's colour, so the ratio of the
-    low-passed colours (σ = :data:`TONE_SIGMA` eye distances) at ``i`` and its
+    colours low-passed within the face outline (σ = :data:`TONE_SIGMA` eye
+    distances) at ``i`` and its
     mirror is the ratio of the photo's lighting on the two sides; it turns a
     mirrored sample into one lit as the side it is drawn on (a turned face's far
     cheek in the shade stays in the shade). Measured where both vertices are
@@ -220,8 +223,12 @@ def side_tone(source_img: np.ndarray, source_lm: np.ndarray, tris: np.ndarray,
     fewer than :data:`TONE_MIN_PAIRS` pairs are measured.
     """
     lm = np.asarray(source_lm[:MESH_POINTS], np.float64)
-    img = cv2.GaussianBlur(np.asarray(source_img, np.float32), (0, 0),
-                           max(1.0, TONE_SIGMA * eye_px))
+    # Low-passed within the face outline only: nothing of the background counts.
+    face = outline_mask(source_lm, source_img.shape)
+    sigma = max(1.0, TONE_SIGMA * eye_px)
+    num = cv2.GaussianBlur(np.asarray(source_img, np.float32) * face[..., None], (0, 0), sigma)
+    den = cv2.GaussianBlur(face, (0, 0), sigma)
+    img = num / np.maximum(den, 1e-3)[..., None]
     h, w = img.shape[:2]
     xi = np.clip(np.rint(lm[:, 0]).astype(np.intp), 0, w - 1)
     yi = np.clip(np.rint(lm[:, 1]).astype(np.intp), 0, h - 1)

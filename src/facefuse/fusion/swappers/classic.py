@@ -242,7 +242,8 @@ class ClassicSwapper:
                     mirror_ok *= uncovered_m
                 d, m = sym.combine(vis_d * inside,
                                    vis_d * sym.inside_outline(outline, mx_s, my_s, ramp),
-                                   uncovered, mirror_ok)
+                                   uncovered, mirror_ok,
+                                   vis_m * sym.inside_outline(outline, mx_m, my_m, ramp))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m).astype(np.float32)
                 tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ)
                 mirror_layer *= self._gain_field(tone if gains is None else tone * gains,
