@@ -26,8 +26,8 @@ The visibility scores are per triangle (the foreshortening ratio of
 taken from the mirror, since a direct sample, even stretched, carries more of
 the source's identity), averaged onto the vertices by area, smoothed over the
 mesh (:data:`SMOOTHING` passes) and interpolated per pixel inside each
-triangle; at the outline the direct sample fades out over :data:`RAMP` eye
-distances where the mirror can take over. All weights are continuous, so the
+triangle; near the outline the direct sample fades out over :data:`RAMP` eye
+distances where the mirrored sample lies deeper inside the source face. All weights are continuous, so the
 three sources cross-fade instead of meeting at a seam, and none samples beyond
 the source's face outline (:func:`outside_share` measures that: 0).
 """
