@@ -220,7 +220,16 @@ def main() -> None:
         b, a = sums["no_fill"][key], sums["after"][key]
         lines.append(f"| {name} | {b[0]:.3f} / {b[1]:.3f} | {a[0]:.3f} / {a[1]:.3f} |")
     lines += ["", "Sheet of the most turned pairs (source, target, no fill, after): "
-              "`bench/results/yaw_pairs_sheet.jpg`."]
+              "`bench/results/yaw_pairs_sheet.jpg`.", "",
+              "Reading: the outline limit of the occluder masks already kept every sample "
+              "inside the source's face outline (outside 0 without the fill); the fill "
+              "changes what shows where the source lacks the face: the mirrored other half "
+              "of the source instead of the target's own skin (on the sheet, the source's "
+              "background smudge at the far temple goes). The background figure that remains "
+              "does not come from the warp (outside is 0): the source's occluder mask and "
+              "lighting fit still read pixels near the outline, and on synthetic turned "
+              "heads the landmarker's outline overshoots the stretched silhouette. Synthetic "
+              "pairs carry the turn warp's own tears (sheet, last rows)."]
     publish("yaw-pairs", lines)
 
 
