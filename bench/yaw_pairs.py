@@ -226,9 +226,10 @@ def main() -> None:
               "changes what shows where the source lacks the face: the mirrored other half "
               "of the source instead of the target's own skin (on the sheet, the source's "
               "background smudge at the far temple goes). The background figure that remains "
-              "does not come from the warp (outside is 0): the source's occluder mask and "
-              "lighting fit still read pixels near the outline, and on synthetic turned "
-              "heads the landmarker's outline overshoots the stretched silhouette. Synthetic "
+              "does not come from the warp (outside is 0); not traced yet, the candidates are "
+              "the source's occluder mask and lighting fit (they read pixels near the "
+              "outline) and, on synthetic heads, the landmarker's outline overshooting the "
+              "stretched silhouette. Synthetic "
               "pairs carry the turn warp's own tears (sheet, last rows)."]
     publish("yaw-pairs", lines)
 
