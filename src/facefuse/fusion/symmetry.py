@@ -27,9 +27,10 @@ taken from the mirror, since a direct sample, even stretched, carries more of
 the source's identity), averaged onto the vertices by area, smoothed over the
 mesh (:data:`SMOOTHING` passes) and interpolated per pixel inside each
 triangle; near the outline the direct sample fades out over :data:`RAMP` eye
-distances where the mirrored sample lies deeper inside the source face. All weights are continuous, so the
-three sources cross-fade instead of meeting at a seam, and none samples beyond
-the source's face outline (:func:`outside_share` measures that: 0).
+distances where the mirrored sample lies deeper inside the source face. All
+weights are continuous, so the three sources cross-fade instead of meeting at a
+seam, and none samples beyond the source's face outline (:func:`outside_share`
+measures that: 0).
 """
 
 from __future__ import annotations
