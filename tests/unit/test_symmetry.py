@@ -21,6 +21,7 @@ from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.warp import delaunay
 from facefuse.toolchain.mesh_symmetry import derive_mirror
 from facefuse.toolchain.trials import BEFORE
+from facefuse.toolchain.turned import turn_head
 
 M = np.asarray(MIRROR)
 
@@ -141,3 +142,25 @@ def test_no_output_pixel_of_a_turned_pair_comes_from_beyond_the_source_face(
     assert outside_plain == 0.0
     changed = np.abs(filled.astype(np.int16) - plain.astype(np.int16)).max(-1) > 8
     assert changed.sum() > 200
+
+
+def test_a_source_turned_about_38_degrees_is_filled_from_its_visible_half(
+        fuser: FaceFuser, sample_images: dict[str, np.ndarray],
+        analysed_faces: dict[str, Face]) -> None:
+    """A synthetic turned source (its far side squeezed or hidden) into a frontal target."""
+    biden = analysed_faces["biden"]
+    assert biden.landmarks is not None
+    src = turn_head(sample_images["biden"], biden.landmarks, -35.0)
+    tgt = sample_images["obama"]
+    sf = fuser.analyser.analyse(src, embed=False)
+    tf = fuser.analyser.analyse(tgt, embed=False)
+    assert sf[0].landmarks is not None and tf[0].landmarks is not None
+    assert abs(relative_pose(sf[0].landmarks, tf[0].landmarks)[0]) > 30
+    pair = (src, sf[0], tgt, tf)
+    filled, outside = _fuse(fuser, pair, FuseOptions())
+    assert outside == 0.0
+    _, outside_before = _fuse(fuser, pair, BEFORE)
+    assert outside_before is not None and outside_before > 0.02
+    plain, _ = _fuse(fuser, pair, dataclasses.replace(FuseOptions(), symmetric_fill=False))
+    changed = np.abs(filled.astype(np.int16) - plain.astype(np.int16)).max(-1) > 8
+    assert changed.sum() > 2000
