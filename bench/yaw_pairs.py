@@ -63,8 +63,8 @@ BUCKETS = (0.0, 10.0, 20.0, 30.0, 40.0)
 TURNS = (-35.0, 35.0)
 NO_FILL = dataclasses.replace(AFTER, symmetric_fill=False)
 SETTINGS = {"before": BEFORE, "no_fill": NO_FILL, "after": AFTER}
-#: Pairs on the sheet: the most turned, half of them real photos.
-SHEET_ROWS = 6
+#: Pairs on the sheet per kind (real; synthetic target; synthetic source).
+SHEET_ROWS = 2
 
 
 def label(lo: float) -> str:
@@ -148,10 +148,14 @@ def main() -> None:
                for name, opts in (("no_fill", NO_FILL), ("after", AFTER))}
     sums = {k: summary(v) for k, v in quality.items()}
 
-    # The sheet: the most turned real pairs and the most turned synthetic ones.
-    real = sorted((r for r in rows if not r["synthetic"]), key=lambda r: -r["yaw_diff"])
-    synth = sorted((r for r in rows if r["synthetic"]), key=lambda r: -r["yaw_diff"])
-    chosen = real[:SHEET_ROWS // 2] + synth[:SHEET_ROWS - SHEET_ROWS // 2]
+    # The sheet: the most turned real pairs, synthetic turned targets, synthetic
+    # turned sources (frontal target: the source's far side hidden).
+    def most_turned(keep: Any) -> list[dict[str, Any]]:
+        return sorted((r for r in rows if keep(r)), key=lambda r: -r["yaw_diff"])[:SHEET_ROWS]
+
+    chosen = (most_turned(lambda r: not r["synthetic"])
+              + most_turned(lambda r: "turned" in r["target"])
+              + most_turned(lambda r: "turned" in r["source"]))
     sheet = []
     for r in chosen:
         src, tgt = samples[r["source"]], samples[r["target"]]
@@ -219,7 +223,8 @@ def main() -> None:
                       ("eye_diff", "eye openness Δ"), ("seam_ratio", "seam ratio")):
         b, a = sums["no_fill"][key], sums["after"][key]
         lines.append(f"| {name} | {b[0]:.3f} / {b[1]:.3f} | {a[0]:.3f} / {a[1]:.3f} |")
-    lines += ["", "Sheet of the most turned pairs (source, target, no fill, after): "
+    lines += ["", "Sheet of the most turned pairs (source, target, no fill, after; two rows "
+              "each of real pairs, synthetic turned targets and synthetic turned sources): "
               "`bench/results/yaw_pairs_sheet.jpg`.", "",
               "Reading: the outline limit of the occluder masks already kept every sample "
               "inside the source's face outline (outside 0 without the fill); the fill "
@@ -230,7 +235,7 @@ def main() -> None:
               "the source's occluder mask and lighting fit (they read pixels near the "
               "outline) and, on synthetic heads, the landmarker's outline overshooting the "
               "stretched silhouette. Synthetic "
-              "pairs carry the turn warp's own tears (sheet, last rows)."]
+              "pairs carry the turn warp's own tears (sheet, rows 3–6)."]
     publish("yaw-pairs", lines)
 
 
