@@ -65,6 +65,8 @@ NO_FILL = dataclasses.replace(AFTER, symmetric_fill=False)
 SETTINGS = {"before": BEFORE, "no_fill": NO_FILL, "after": AFTER}
 #: Pairs on the sheet per kind (real; synthetic target; synthetic source).
 SHEET_ROWS = 2
+#: Alternating rounds of the cost measurement.
+TIMING_ROUNDS = 15
 
 
 def label(lo: float) -> str:
@@ -150,6 +152,8 @@ def main() -> None:
 
     # The sheet: the most turned real pairs, synthetic turned targets, synthetic
     # turned sources (frontal target: the source's far side hidden).
+    real_pairs = sorted((r for r in rows if not r["synthetic"]), key=lambda r: -r["yaw_diff"])
+
     def most_turned(keep: Any) -> list[dict[str, Any]]:
         return sorted((r for r in rows if keep(r)), key=lambda r: -r["yaw_diff"])[:SHEET_ROWS]
 
@@ -164,8 +168,23 @@ def main() -> None:
                       crop(no_fill, tgt.faces[0]), crop(after, tgt.faces[0])])
     save_sheet(RESULTS / "yaw_pairs_sheet.jpg", sheet)
 
+    # Cost: the fusion stage's time with and without the fill, alternating, on the
+    # most turned real pair and the least turned one.
+    timed = [real_pairs[0], real_pairs[-1]]
+    cost: dict[str, dict[str, float]] = {}
+    for r in timed:
+        src, tgt = samples[r["source"]], samples[r["target"]]
+        ms: dict[str, list[float]] = {"no_fill": [], "after": []}
+        for _ in range(TIMING_ROUNDS):
+            for name, opts in (("no_fill", NO_FILL), ("after", AFTER)):
+                res = fuser.fuse_faces(src.image, src.faces[0], tgt.image, tgt.faces, [0],
+                                       dataclasses.replace(opts, degree=100.0, evaluate=False))
+                ms[name].append(res.timings_ms["fuse"])
+        cost[f"{r['source']} → {r['target']} ({r['yaw_diff']:.0f}°)"] = {
+            k: statistics.median(v) for k, v in ms.items()}
+
     m = machine()
-    write_json("yaw_pairs", {"machine": m, "rows": rows, "quality": quality})
+    write_json("yaw_pairs", {"machine": m, "rows": rows, "quality": quality, "cost_ms": cost})
 
     def fig(g: list[dict[str, Any]], key: str, worst: str = "max", fmt: str = ".4f") -> str:
         v = [r[key] for r in g]
@@ -223,6 +242,10 @@ def main() -> None:
                       ("eye_diff", "eye openness Δ"), ("seam_ratio", "seam ratio")):
         b, a = sums["no_fill"][key], sums["after"][key]
         lines.append(f"| {name} | {b[0]:.3f} / {b[1]:.3f} | {a[0]:.3f} / {a[1]:.3f} |")
+    lines += ["", f"Cost of the fill: the fusion stage's median time over {TIMING_ROUNDS} "
+              "alternating rounds (1 thread), no fill → after: " + "; ".join(
+                  f"{k}: {v['no_fill']:.0f} → {v['after']:.0f} ms "
+                  f"({v['after'] / v['no_fill']:.2f}×)" for k, v in cost.items()) + "."]
     lines += ["", "Sheet of the most turned pairs (source, target, no fill, after; two rows "
               "each of real pairs, synthetic turned targets and synthetic turned sources): "
               "`bench/results/yaw_pairs_sheet.jpg`.", "",

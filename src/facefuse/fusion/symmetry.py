@@ -8,7 +8,7 @@ frontal target, the same. Per target pixel the layer takes its colour from:
 
 1. the **direct** sample (the source's own vertex positions), weighted by how
    well the source shows that part (:func:`triangle_scores`) and cut at the
-   source's face outline (:func:`inside_outline`);
+   source's face outline (:func:`outline_field`);
 2. the **mirrored** sample for what the direct one does not show: the same place
    on the other half of the source face, through the mesh's left/right vertex
    pairs (:data:`MIRROR`, derived from the landmarker by
@@ -156,20 +156,24 @@ def plan_fill(source_lm: np.ndarray, fused_lm: np.ndarray, tris: np.ndarray) -> 
                     mirror_pts[:, :2])
 
 
-def inside_outline(outline: np.ndarray, map_x: np.ndarray, map_y: np.ndarray,
-                   ramp: float = 0.0) -> np.ndarray:
-    """(h, w) float32 in [0, 1]: the source's face ``outline`` (H, W) float32 mask,
-    shrunk by a pixel, sampled at the map's coordinates (0 beyond the image).
-    Where it is above 0 every bilinear tap of the sample lies inside ``outline``
-    (at least half covered: the pixel's centre inside the mesh's face oval).
-    ``ramp`` > 0 (source pixels): rising from the shrunk edge to 1 over that
-    distance instead of at once (for cross-fades that must still reach 0 at it)."""
+def outline_field(outline: np.ndarray, ramp: float = 0.0) -> np.ndarray:
+    """(H, W) float32 in [0, 1] over the source: its face ``outline`` (float32 mask,
+    at least half covered counts: the pixel's centre inside the mesh's face oval)
+    shrunk by a pixel; with ``ramp`` > 0 (pixels) rising from that edge to 1 over
+    that distance instead of at once (for cross-fades that must still reach 0 at
+    it). Sampled with :func:`sample_field`."""
     shrunk = cv2.erode((outline >= 0.5).astype(np.uint8), np.ones((3, 3), np.uint8))
-    if ramp > 0:
-        dist = cv2.distanceTransform(shrunk, cv2.DIST_L2, 3)
-        field = np.minimum(dist / np.float32(ramp), 1.0).astype(np.float32)
-    else:
-        field = shrunk.astype(np.float32)
+    if ramp <= 0:
+        return shrunk.astype(np.float32)
+    dist = cv2.distanceTransform(shrunk, cv2.DIST_L2, 3)
+    out: np.ndarray = np.minimum(dist / np.float32(ramp), 1.0).astype(np.float32)
+    return out
+
+
+def sample_field(field: np.ndarray, map_x: np.ndarray, map_y: np.ndarray) -> np.ndarray:
+    """(h, w) float32: an :func:`outline_field` sampled at the map's coordinates (0
+    beyond the image). Where it is above 0 every bilinear tap of the sample lies
+    inside the outline."""
     out: np.ndarray = cv2.remap(field, map_x, map_y, cv2.INTER_LINEAR,
                                 borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
     return out
@@ -180,7 +184,7 @@ def combine(shown: np.ndarray, shown_soft: np.ndarray, uncovered: np.ndarray | N
     """Per-pixel weights (h, w) of the direct and mirrored samples.
 
     ``shown``/``shown_soft``: the direct score gated by the source's outline,
-    crisply and with a ramp inside it (:func:`inside_outline`); ``mirror`` /
+    crisply and with a ramp inside it (:func:`outline_field`); ``mirror`` /
     ``mirror_soft``: the mirrored score gated the same ways (and ``mirror`` by
     the occluders); ``uncovered``: 1 off the source's occluders (None: no
     occluder mask). Where the mirrored sample lies deeper inside the source's
@@ -202,6 +206,8 @@ def combine(shown: np.ndarray, shown_soft: np.ndarray, uncovered: np.ndarray | N
 TONE_SIGMA = 0.15
 #: Clamp on the side-to-side tone ratio.
 TONE_MAX = 3.0
+#: Pixels per σ of the reduced copy the tone is read from.
+TONE_PX_PER_SIGMA = 8.0
 #: Fewest measured vertex pairs for a tone fit.
 TONE_MIN_PAIRS = 20
 
@@ -224,16 +230,23 @@ def side_tone(source_img: np.ndarray, source_lm: np.ndarray, tris: np.ndarray,
     fewer than :data:`TONE_MIN_PAIRS` pairs are measured.
     """
     lm = np.asarray(source_lm[:MESH_POINTS], np.float64)
-    # Low-passed within the face outline only: nothing of the background counts.
-    face = outline_mask(source_lm, source_img.shape)
+    # Low-passed within the face outline only (nothing of the background counts),
+    # on a copy reduced to about 8 pixels per σ: the colours are smooth anyway.
+    h, w = source_img.shape[:2]
     sigma = max(1.0, TONE_SIGMA * eye_px)
-    num = cv2.GaussianBlur(np.asarray(source_img, np.float32) * face[..., None], (0, 0), sigma)
-    den = cv2.GaussianBlur(face, (0, 0), sigma)
-    img = num / np.maximum(den, 1e-3)[..., None]
-    h, w = img.shape[:2]
+    k = min(1.0, TONE_PX_PER_SIGMA / sigma)
+    small = (max(1, round(w * k)), max(1, round(h * k)))
+    face = cv2.resize(outline_mask(source_lm, source_img.shape), small,
+                      interpolation=cv2.INTER_AREA)
+    img = cv2.resize(np.asarray(source_img, np.float32), small, interpolation=cv2.INTER_AREA)
+    num = cv2.GaussianBlur(img * face[..., None], (0, 0), sigma * k)
+    den = cv2.GaussianBlur(face, (0, 0), sigma * k)
+    low = num / np.maximum(den, 1e-3)[..., None]
+    xs = np.clip(np.rint(lm[:, 0] * k).astype(np.intp), 0, small[0] - 1)
+    ys = np.clip(np.rint(lm[:, 1] * k).astype(np.intp), 0, small[1] - 1)
+    colour = np.maximum(low[ys, xs].astype(np.float64), 1.0)
     xi = np.clip(np.rint(lm[:, 0]).astype(np.intp), 0, w - 1)
     yi = np.clip(np.rint(lm[:, 1]).astype(np.intp), 0, h - 1)
-    colour = np.maximum(img[yi, xi].astype(np.float64), 1.0)
     log_ratio = np.log(colour / colour[MIRROR_ORDER])
     offset = (lm[:, :2] - lm[MIRROR_ORDER, :2]) / max(eye_px, 1.0)
     ok = np.zeros(MESH_POINTS, bool)

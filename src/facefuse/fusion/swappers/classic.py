@@ -227,7 +227,8 @@ class ClassicSwapper:
         if src_occ is not None or fill is not None:
             # Nothing from beyond the source's face outline (its background, hair
             # or collar where the mesh's edge overshoots): crisp, not grown.
-            inside = sym.inside_outline(outline, mx_s, my_s)
+            crisp = sym.outline_field(outline)
+            inside = sym.sample_field(crisp, mx_s, my_s)
             uncovered = self._uncovered(src_occ, mx_s, my_s, feather)
             keep = inside if uncovered is None else np.minimum(inside, uncovered)
             if fill is not None:
@@ -235,15 +236,13 @@ class ClassicSwapper:
                 # the source's lighting of the side they are drawn on.
                 (mx_m, my_m), (vis_d, vis_m) = maps[2], maps[3]
                 samples.append((mx_m, my_m))
-                ramp = sym.RAMP * eye_distance(src_lm)
-                mirror_ok = vis_m * sym.inside_outline(outline, mx_m, my_m)
+                soft = sym.outline_field(outline, sym.RAMP * eye_distance(src_lm))
+                mirror_ok = vis_m * sym.sample_field(crisp, mx_m, my_m)
                 uncovered_m = self._uncovered(src_occ, mx_m, my_m, feather)
                 if uncovered_m is not None:
                     mirror_ok *= uncovered_m
-                d, m = sym.combine(vis_d * inside,
-                                   vis_d * sym.inside_outline(outline, mx_s, my_s, ramp),
-                                   uncovered, mirror_ok,
-                                   vis_m * sym.inside_outline(outline, mx_m, my_m, ramp))
+                d, m = sym.combine(vis_d * inside, vis_d * sym.sample_field(soft, mx_s, my_s),
+                                   uncovered, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m).astype(np.float32)
                 tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ)
                 mirror_layer *= self._gain_field(tone if gains is None else tone * gains,
