@@ -187,7 +187,8 @@ class FaceFuser:
             layer = swapper.render(sources_rgb[p.source_index], p.source_face, out, tf, options)
             blend_layer(out, layer, options.blend, self.pixels)
             fused.append(FusedFace(p.target_index, tf, layer.region, layer.mask,
-                                   source_index=p.source_index, landmarks=layer.landmarks))
+                                   source_index=p.source_index, landmarks=layer.landmarks,
+                                   outside_source=layer.outside_source))
         t = timer.add("fuse", t)
         if options.evaluate:
             for p, ff in zip(pairs, fused, strict=True):

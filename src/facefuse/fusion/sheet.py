@@ -37,12 +37,13 @@ def contact_sheet(
     height: int = 360,
 ) -> np.ndarray:
     """One RGB uint8 row: source, target, fused at 0/50/100 and at 100 without
-    relighting and occluder masks (labelled with identity figures)."""
+    relighting, occluder masks and the symmetric fill (labelled with identity
+    figures)."""
     src_rgb = fuser.analyser.decode(sources[0])
     tgt_rgb = fuser.analyser.decode(target)
     tiles = [_tile(src_rgb, height, "source"), _tile(tgt_rgb, height, "target")]
     plain = dataclasses.replace(options, relight=False, reject_source_occluders=False,
-                                keep_target_occluders=False)
+                                keep_target_occluders=False, symmetric_fill=False)
     runs = [(float(d), options, f"degree {d}") for d in SHEET_DEGREES]
     runs.append((100.0, plain, "100, no relight/masks"))
     for d, opts, label in runs:

@@ -33,7 +33,9 @@ class FuseOptions:
     ``reject_source_occluders`` shows the target's own pixels where the source's
     face is covered (hair, glasses, hands, a beard, background);
     ``keep_target_occluders`` keeps whatever covers the target's face on top of
-    the fused face.
+    the fused face; ``symmetric_fill`` takes what the source photo hides or
+    foreshortens (a turned head's far side) from the mirrored other half of the
+    source face, or the target's own pixels where neither half is shown.
 
     ``min_face_size`` (pixels between the outer eye corners, 16..1024, default 40):
     smaller faces (source or target) are not used. In ``many`` mode and with a
@@ -52,6 +54,7 @@ class FuseOptions:
     relight: bool = True
     reject_source_occluders: bool = True
     keep_target_occluders: bool = True
+    symmetric_fill: bool = True
     min_face_size: float = MIN_EYE_DISTANCE_PX
 
     def __post_init__(self) -> None:
@@ -68,7 +71,8 @@ class FuseOptions:
         if self.blend not in ("multiband", "poisson", "alpha"):
             raise InvalidArgumentError(f"blend must be multiband|poisson|alpha, not {self.blend!r}",
                                        code="invalid_blend")
-        for name in ("relight", "reject_source_occluders", "keep_target_occluders"):
+        for name in ("relight", "reject_source_occluders", "keep_target_occluders",
+                     "symmetric_fill"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(f"{name} must be true or false",
                                            code=f"invalid_{name}")
@@ -131,6 +135,9 @@ class FusedFace:
     #: (N, 3) the mesh the face was rendered with, target-image pixels (None when
     #: nothing was rendered): the output's face geometry without re-analysing it.
     landmarks: np.ndarray | None = None
+    #: Share (0..1) of the face's pixels whose colour came from beyond the source's
+    #: face outline (measured when evaluating; the swapper may not report it).
+    outside_source: float | None = None
 
 
 @dataclass

@@ -12,10 +12,9 @@ triangle is then looked at in the source:
 
 :func:`source_visibility` gives that per triangle and :func:`visible_fraction`
 the share of the target face the source shows well (``visible_fraction`` in the
-quality figures). The fusion does not use it yet: replacing hidden triangles by
-the target's own pixels also removed pose-independent folds (lids, lips, the
-oval's edge) and cost identity on the sample pairs; what the warp may sample is
-limited by the source's face outline instead (:mod:`facefuse.fusion.occlusion`).
+quality figures). The fusion's symmetric fill (:mod:`facefuse.fusion.symmetry`)
+scores triangles the same way, as a continuous weight, and takes what the source
+hides from the mirrored other half of its face.
 """
 
 from __future__ import annotations

@@ -36,8 +36,10 @@ from facefuse.fusion.quality import (
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.synthetic import OccluderKind, paste_occluder, relight_gradient
 
-#: The engine without relighting and occluder masks: the "before" of comparisons.
-BEFORE = FuseOptions(relight=False, reject_source_occluders=False, keep_target_occluders=False)
+#: The engine without relighting, occluder masks and the symmetric fill: the
+#: "before" of comparisons.
+BEFORE = FuseOptions(relight=False, reject_source_occluders=False, keep_target_occluders=False,
+                     symmetric_fill=False)
 AFTER = FuseOptions()
 #: Gain slope of the synthetic gradient, per eye distance.
 GRADIENT_STRENGTH = 0.35

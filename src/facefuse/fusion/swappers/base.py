@@ -24,6 +24,8 @@ class FaceLayer:
     rendered face in target-image pixels; ``keep`` (h, w) float32 in [0, 1] or
     None: where the target's own pixels go back on top after blending (what
     covers the target's face), so no blend band reaches into them.
+    ``outside_source``: the share (0..1) of the face's pixels whose colour comes
+    from beyond the source's face outline (None when not measured).
     """
 
     region: tuple[int, int, int, int]
@@ -31,6 +33,7 @@ class FaceLayer:
     mask: np.ndarray
     landmarks: np.ndarray
     keep: np.ndarray | None = None
+    outside_source: float | None = None
 
 
 class Swapper(Protocol):

@@ -8,6 +8,9 @@
    then its sharpness is matched to the target's.
 4. The layer is the texture-weighted mix of the two warped images, with the
    target's own mouth interior (teeth, tongue) kept when its mouth is open.
+   What the source hides from the fused pose, or lacks beyond its face outline,
+   comes from the mirrored other half of the source face
+   (:mod:`facefuse.fusion.symmetry`), else from the target.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from facefuse.faces.types import Face
 from facefuse.fusion import light
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
+from facefuse.fusion import symmetry as sym
 from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.base import FaceLayer
 from facefuse.fusion.types import FuseOptions
@@ -44,7 +48,6 @@ OCCLUDER_GROW = 0.15
 #: is larger: their mask is grown and feathered anyway, and it saves half their
 #: cost; smaller, the features would swallow what covers them.
 SOURCE_OCCLUDER_EYE_PX = 64.0
-_SHRINK = np.ones((3, 3), np.uint8)
 #: Exponent on the relighting gains (1 = the full change of lighting).
 RELIGHT_STRENGTH = 1.0
 
@@ -152,8 +155,8 @@ class ClassicSwapper:
         src_scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(src_lm)))
         src_img, src_local = _crop_scaled(source_rgb, src_lm, 2 * masks.feather_px(src_lm),
                                           src_scale)
-        face, mask, keep = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img),
-                                       tgt_local, dst_local, feather * scale, options)
+        face, mask, keep, beyond = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img),
+                                               tgt_local, dst_local, feather * scale, options)
         if scale < 1.0:
             face = cv2.resize(face, (w, h), interpolation=cv2.INTER_LINEAR)
             mask = cv2.resize(mask, (w, h), interpolation=cv2.INTER_LINEAR)
@@ -163,7 +166,7 @@ class ClassicSwapper:
             if scale < 1.0:
                 keep = cv2.resize(keep, (w, h), interpolation=cv2.INTER_LINEAR)
             keep = occ.soften((keep > 0.25).astype(np.float32), 1.0, 0.5)
-        return FaceLayer(region, face, mask, dst, keep)
+        return FaceLayer(region, face, mask, dst, keep, beyond)
 
     def _layer(
         self,
@@ -174,10 +177,12 @@ class ClassicSwapper:
         dst: np.ndarray,
         feather: float,
         options: FuseOptions,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Face layer (h, w, 3) float32, blend mask (h, w) and the target's
-        occluders (h, w) float32 binary or None, over the whole of ``tgt_img``;
-        all coordinates in the frames of the given images."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float | None]:
+        """Face layer (h, w, 3) float32, blend mask (h, w), the target's
+        occluders (h, w) float32 binary or None, over the whole of ``tgt_img``,
+        and (when evaluating) the share of the face's pixels with colour from
+        beyond the source's face outline; all coordinates in the frames of the
+        given images."""
         h, w = tgt_img.shape[:2]
         frame = (0, 0, w, h)
         mesh_dst = dst[:MESH_POINTS, :2]
@@ -190,8 +195,13 @@ class ClassicSwapper:
                 src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm)))
         if options.keep_target_occluders:
             tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
-        ((mx_t, my_t), (mx_s, my_s)), valid = piecewise_affine_maps(
-            [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]], mesh_dst, tris, frame)
+        fill = sym.plan_fill(src_lm, dst, tris) if options.symmetric_fill and w_tex > 0 else None
+        fill = fill if fill is not None and fill.needed else None
+        point_sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
+        if fill is not None:
+            point_sets += [fill.mirrored_points, fill.weight_points()]
+        maps, valid = piecewise_affine_maps(point_sets, mesh_dst, tris, frame)
+        (mx_t, my_t), (mx_s, my_s) = maps[:2]
         outside = ~valid[..., None]
         # Outside the mesh the maps are undefined: use the target's own pixels there,
         # so coarse pyramid levels of the blend never see invented content.
@@ -203,27 +213,45 @@ class ClassicSwapper:
         if tgt_occ is not None:
             mask *= 1.0 - occ.soften(tgt_occ, 1.0, 0.5)
         if w_tex <= 0.0:
-            return target_layer, mask, tgt_occ
+            return target_layer, mask, tgt_occ, 0.0 if options.evaluate else None
         source_layer = self.pixels.remap(src_img, mx_s, my_s)
+        gains = None
         if relight:
             gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
                                       src_occ, tgt_occ)
-            source_layer *= _vertex_field(gains**RELIGHT_STRENGTH, mesh_dst, (w, h),
-                                          FIELD_SIGMA_FRACTION * eye_distance(dst))
-        np.copyto(source_layer, target_layer, where=outside)
-        skin = (mask > 0.5).astype(np.float32)
+            source_layer *= self._gain_field(gains, mesh_dst, dst, (w, h))
+        outline = occ.outline_mask(src_lm, src_img.shape)
+        samples = [(mx_s, my_s)]
         reject = None
-        if src_occ is not None:
-            warped = cv2.remap(src_occ, mx_s, my_s, cv2.INTER_LINEAR,
-                               borderMode=cv2.BORDER_CONSTANT, borderValue=1.0)
-            reject = occ.soften(warped, OCCLUDER_GROW * feather, OCCLUDER_GROW * feather)
+        if src_occ is not None or fill is not None:
             # Nothing from beyond the source's face outline (its background, hair
             # or collar where the mesh's edge overshoots): crisp, not grown.
-            # (shrunk by a pixel, so bilinear sampling at the edge reads no background).
-            inside = cv2.remap(cv2.erode(occ.outline_mask(src_lm, src_img.shape), _SHRINK),
-                               mx_s, my_s, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
-                               borderValue=0.0)
-            reject = np.maximum(reject, 1.0 - inside)
+            crisp = sym.outline_field(outline)
+            inside = sym.sample_field(crisp, mx_s, my_s)
+            uncovered = self._uncovered(src_occ, mx_s, my_s, feather)
+            keep = inside if uncovered is None else np.minimum(inside, uncovered)
+            if fill is not None:
+                # Hidden or foreshortened parts from the source's other half, in
+                # the source's lighting of the side they are drawn on.
+                (mx_m, my_m), (vis_d, vis_m) = maps[2], maps[3]
+                samples.append((mx_m, my_m))
+                soft = sym.outline_field(outline, sym.RAMP * eye_distance(src_lm))
+                mirror_ok = vis_m * sym.sample_field(crisp, mx_m, my_m)
+                uncovered_m = self._uncovered(src_occ, mx_m, my_m, feather)
+                if uncovered_m is not None:
+                    mirror_ok *= uncovered_m
+                d, m = sym.combine(vis_d * inside, vis_d * sym.sample_field(soft, mx_s, my_s),
+                                   uncovered, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
+                mirror_layer = self.pixels.remap(src_img, mx_m, my_m)
+                tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ)
+                mirror_layer *= self._gain_field(tone if gains is None else tone * gains,
+                                                 mesh_dst, dst, (w, h))
+                source_layer = sym.mix(source_layer, d, mirror_layer, m)
+                keep = d + m
+            reject = 1.0 - keep
+        np.copyto(source_layer, target_layer, where=outside)
+        skin = (mask > 0.5).astype(np.float32)
+        if reject is not None:
             skin *= 1.0 - reject
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
         source_layer = self.pixels.lighting(source_layer, target_layer, skin, sigma,
@@ -243,4 +271,31 @@ class ClassicSwapper:
         source_layer -= target_layer
         source_layer *= alpha[..., None]
         source_layer += target_layer
-        return source_layer, mask, tgt_occ
+        beyond = None
+        if options.evaluate:
+            weights = [alpha] if fill is None else [alpha * d, alpha * m]
+            beyond = sym.outside_share(
+                [(wt, x, y) for wt, (x, y) in zip(weights, samples, strict=True)],
+                outline, mask > 0)
+        return source_layer, mask, tgt_occ, beyond
+
+    @staticmethod
+    def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,
+                    size: tuple[int, int]) -> np.ndarray:
+        """The per-vertex relighting gains (468, 3) as a smooth (h, w, 3) field."""
+        return _vertex_field(gains**RELIGHT_STRENGTH, mesh_dst, size,
+                             FIELD_SIGMA_FRACTION * eye_distance(dst))
+
+    @staticmethod
+    def _uncovered(src_occ: np.ndarray | None, mx: np.ndarray, my: np.ndarray,
+                   feather: float) -> np.ndarray | None:
+        """(h, w) float32 in [0, 1]: 1 where the source sampled at (mx, my) is off
+        its occluders, grown and feathered (their soft edges must not bleed in);
+        None without an occluder mask."""
+        if src_occ is None:
+            return None
+        warped = cv2.remap(src_occ, mx, my, cv2.INTER_LINEAR,
+                           borderMode=cv2.BORDER_CONSTANT, borderValue=1.0)
+        grow = OCCLUDER_GROW * feather
+        out: np.ndarray = 1.0 - occ.soften(warped, grow, grow)
+        return out
