@@ -44,7 +44,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import uvicorn
 from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -186,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-threads", type=int, default=1)
     args = ap.parse_args(argv)
     os.environ[THREADS_ENV] = str(args.torch_threads)
-    uvicorn.run("naive_service:create_app", factory=True, host=args.host, port=args.port,
-                workers=args.workers, app_dir=str(Path(__file__).resolve().parent),
-                log_level="warning")
-    return 0
+    # uvicorn's own command line, as a plain deployment runs it: with several workers
+    # its supervisor process stays small (it never imports the app, torch or models).
+    os.execv(sys.executable, [
+        sys.executable, "-m", "uvicorn", "naive_service:create_app", "--factory",
+        "--host", args.host, "--port", str(args.port), "--workers", str(args.workers),
+        "--app-dir", str(Path(__file__).resolve().parent), "--log-level", "warning"])
 
 
 if __name__ == "__main__":
