@@ -109,15 +109,18 @@ def same_pair(servers: dict[str, Server], pair: tuple[bytes, bytes]) -> dict[str
 
 
 def summarise(rows: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
-    """Per concurrency: medians over rounds of req/s, p50, p95; the largest peak RSS."""
+    """Per concurrency: medians over rounds of req/s, p50, p95; peak RSS of the first
+    round (levels ascending: what serving up to this concurrency needs) and the largest
+    of any round (after higher levels: what the process kept)."""
     out = {}
     for c, runs in rows.items():
         out[c] = {
             "rps": statistics.median(r["throughput_rps"] for r in runs),
             "p50_ms": statistics.median(r["p50_ms"] for r in runs),
             "p95_ms": statistics.median(r["p95_ms"] for r in runs),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-            "pss_mb_after": max(r["pss_mb_after"] for r in runs),
+            "peak_rss_mb": runs[0]["peak_rss_mb"],
+            "peak_rss_mb_any_round": max(r["peak_rss_mb"] for r in runs),
+            "pss_mb_after": runs[0]["pss_mb_after"],
             "rejected_503": sum(r["rejected_503"] for r in runs),
             "errors": sum(r["errors"] - r["rejected_503"] for r in runs),
             "requests": sum(r["requests"] for r in runs),
@@ -148,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--benchmarks", action="store_true",
                     help="also write the 'naive' section of BENCHMARKS.md")
+    ap.add_argument("--from-json", type=Path,
+                    help="no load: redo the summary, plots and report of a saved run")
     args = ap.parse_args(argv)
+    if args.from_json:
+        res = json.loads(args.from_json.read_text())
+        return finish(res, args.out, args.benchmarks)
     t_start = time.monotonic()
     inputs = Inputs(Settings.from_env(), seed=11, megapixels=args.megapixels)
     pool = Pool(inputs)
@@ -170,21 +178,27 @@ def main(argv: list[str] | None = None) -> int:
                 for name, srv in order[r % len(order):] + order[:r % len(order)]:
                     rows.setdefault(name, {}).setdefault(str(c), []).append(
                         level(srv, name, pool, c, args.duration))
-    summary = {name: summarise(r) for name, r in rows.items()}
     res: dict[str, Any] = {
         "machine": machine(), "args": {k: str(v) if isinstance(v, Path) else v
                                        for k, v in vars(args).items()},
-        "startup_rss_mb": startup_rss, "same_pair": check, "rows": rows, "summary": summary,
-        "largest_ok": {n: largest_ok(s, args.mem_limit_mb, args.sla_ms)
-                       for n, s in summary.items()},
+        "startup_rss_mb": startup_rss, "same_pair": check, "rows": rows,
         "wall_s": round(time.monotonic() - t_start, 1),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "naive_vs_facefuse.json").write_text(json.dumps(res, indent=2) + "\n")
-    plotted = plot(res, args.out)
+    return finish(res, args.out, args.benchmarks)
+
+
+def finish(res: dict[str, Any], out: Path, benchmarks: bool) -> int:
+    """Summary, limits, JSON, plots and the report of a run's ``rows``."""
+    a = res["args"]
+    res["summary"] = summary = {name: summarise(r) for name, r in res["rows"].items()}
+    res["largest_ok"] = {n: largest_ok(s, a["mem_limit_mb"], a["sla_ms"])
+                         for n, s in summary.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "naive_vs_facefuse.json").write_text(json.dumps(res, indent=2) + "\n")
+    plotted = plot(res, out)
     text = report(res, plotted)
     print(text)
-    if args.benchmarks:
+    if benchmarks:
         write_section("naive", text)
     return 0
 
@@ -205,11 +219,11 @@ def plot(res: dict[str, Any], out: Path) -> bool:
     names = list(summary)
     title = "POST /v1/fuse, distinct ~1-2 MP portraits, 2-core shared box"
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name in names:
+    for i, name in enumerate(names):
         cs = [int(c) for c in summary[name]]
-        ax.plot(cs, [summary[name][c]["p50_ms"] for c in summary[name]], "-o",
+        ax.plot(cs, [summary[name][c]["p50_ms"] for c in summary[name]], "-o", color=f"C{i}",
                 label=f"{name} p50")
-        ax.plot(cs, [summary[name][c]["p95_ms"] for c in summary[name]], "--^",
+        ax.plot(cs, [summary[name][c]["p95_ms"] for c in summary[name]], "--^", color=f"C{i}",
                 label=f"{name} p95")
     ax.axhline(res["args"]["sla_ms"], color="grey", lw=1, ls=":", label="p95 SLA")
     ax.set_yscale("log")
@@ -245,6 +259,7 @@ def plot(res: dict[str, Any], out: Path) -> bool:
         vals = [summary[n][c][key] for n in names]
         ax.bar(names, vals, color=["#4c72b0" if n == "facefuse" else "#c44e52" for n in names])
         ax.set_title(label, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8, labelrotation=20)
         for i, v in enumerate(vals):
             ax.text(i, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="bottom",
                     fontsize=8)
@@ -268,10 +283,13 @@ def report(res: dict[str, Any], plotted: bool) -> str:
         f" --duration {a['duration']:g} --benchmarks`). Closed loop, distinct portraits of "
         f"~{a['megapixels'] * 0.49:.1f}–{a['megapixels']:.1f} MP (JPEG q90), never the same "
         f"pixels twice on one server; {a['rounds']} interleaved rounds × {a['duration']:g} s "
-        "per level; latency and req/s are medians of the rounds, peak RSS (VmHWM of the "
-        "server's process tree, summed, reset before each level) the largest of the rounds; "
-        "PSS after: the tree's proportional set size at the end of the level (shared "
-        "library pages counted once, which summed RSS counts per worker).", "",
+        "per level; latency and req/s are medians of the rounds. Peak RSS: VmHWM of the "
+        "server's process tree, summed, reset before each level, in the first round "
+        "(levels ascending: what serving up to that concurrency takes; the memory limit is "
+        "checked on it); \"kept\": the largest of any round, i.e. after the higher levels "
+        "had been served (memory the process did not give back). PSS after: the tree's "
+        "proportional set size at the end of the first round's level (shared library "
+        "pages counted once, which summed RSS counts per worker).", "",
         "* **facefuse**: `facefuse serve` on its defaults (ONNX Runtime, micro-batching, "
         "L1/L2 caches at their default bounds, face-region fusion, memory admission).",
         "* **naive ×N**: `bench/naive_service.py --workers N`: the same "
@@ -281,15 +299,16 @@ def report(res: dict[str, Any], plotted: bool) -> str:
         "frame, one request at a time per worker (uvicorn workers, each with its own "
         "models); age/gender not loaded (facefuse loads them, /v1/fuse does not run them).",
         "",
-        "| concurrency | server | req/s | p50 ms | p95 ms | peak RSS MiB | PSS after MiB "
-        "| 503 | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| concurrency | server | req/s | p50 ms | p95 ms | peak RSS MiB | kept MiB "
+        "| PSS after MiB | 503 | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in s["facefuse"]:
         for name in s:
             r = s[name][c]
             lines.append(f"| {c} | {name} | {r['rps']:.2f} | {r['p50_ms']:.0f} | "
                          f"{r['p95_ms']:.0f} | {r['peak_rss_mb']:.0f} | "
+                         f"{r['peak_rss_mb_any_round']:.0f} | "
                          f"{r['pss_mb_after']:.0f} | {r['rejected_503']} | {r['errors']} |")
     lines += ["", "| concurrency | facefuse / | req/s | p50 | p95 | peak RSS |",
               "|---|---|---|---|---|---|"]
@@ -301,6 +320,8 @@ def report(res: dict[str, Any], plotted: bool) -> str:
                          f"{ff[c]['p95_ms'] / nv['p95_ms']:.2f}× | "
                          f"{ff[c]['peak_rss_mb'] / nv['peak_rss_mb']:.2f}× |")
     ok = res["largest_ok"]
+    loads = [r["load1_before"] for levels in res["rows"].values() for runs in levels.values()
+             for r in runs if r.get("load1_before") is not None]
     sp = res["same_pair"]
     lines += [
         "",
@@ -314,6 +335,8 @@ def report(res: dict[str, Any], plotted: bool) -> str:
         + ", ".join(f"{n} {v['similarity']:.4f}" for n, v in sp.items())
         + "; naive outputs vs facefuse's: PSNR "
         + ", ".join(f"{n} {sp[n]['psnr_vs_first_db']} dB" for n in naives) + ".",
+        "Machine load (1-minute load average before each level): "
+        f"{min(loads):.1f}–{max(loads):.1f} on 2 cores.",
     ]
     if plotted:
         lines += ["", f"![latency vs concurrency](bench/results/{PLOTS['latency']})",
