@@ -130,7 +130,7 @@ def torch_files(settings: Settings, names: list[str], into: Path) -> dict[str, P
     for name in names:
         spec = registry.manifest.get(name)
         out[name] = into / f"{name}.pt"
-        torch.save(torch_model(settings.models_dir / spec.file, "cpu"), out[name])
+        torch.save(torch_model(settings.model_dir / spec.file, "cpu"), out[name])
     return out
 
 
@@ -156,11 +156,13 @@ def int8_files(settings: Settings, names: list[str], into: Path, per_photo: int
     for name in names:
         spec = registry.manifest.get(name)
         pre = into / f"{name}.pre.onnx"
-        preprocess(settings.models_dir / spec.file, pre)
+        preprocess(settings.model_dir / spec.file, pre)
         fmt, method = INT8_CHOICE[name]
         out[name] = quantize_int8(pre, into / f"{name}.int8.onnx",
-                                  calibration_reader(data, name, spec.inputs[0].name),
-                                  FORMATS[fmt], method, nodes_to_exclude=output_heads(pre))
+                                  calibration_reader(data, name, spec.inputs[0].name, batch_size=1),
+                                  FORMATS[fmt], method,
+                                  cache=into / f"{name}.{method}.ranges.json",
+                                  nodes_to_exclude=output_heads(pre))
     return out
 
 
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = ModelRegistry(settings).manifest
     rows: dict[str, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="facefuse-runtimes-") as tmp:
-        files = {"ort fp32": {n: settings.models_dir / manifest.get(n).file for n in args.models},
+        files = {"ort fp32": {n: settings.model_dir / manifest.get(n).file for n in args.models},
                  "torch fp32": torch_files(settings, args.models, Path(tmp)),
                  "ort int8": int8_files(settings, args.models, Path(tmp),
                                         args.calibration_per_photo)}
