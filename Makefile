@@ -105,7 +105,7 @@ bench-gpu-deps: install
 # The naive baseline (PyTorch eager, unbatched, uncached) against facefuse serve, and
 # ONNX Runtime vs PyTorch / FP32 vs INT8 per model: two BENCHMARKS.md sections, plots.
 bench-naive: setup bench-gpu-deps
-	$(PY) bench/naive_vs_facefuse.py --rounds 3 --duration 5 --benchmarks
+	$(PY) bench/naive_vs_facefuse.py --rounds 3 --duration 5 --arenas-variant --benchmarks
 	$(PY) bench/runtime_per_model.py --benchmarks
 
 # The GPU check end to end on this machine's CPU, small (see docs/gpu.md for the GPU run).

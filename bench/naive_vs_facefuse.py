@@ -6,7 +6,10 @@ Both servers are up at once, on loopback, with the same models and FACEFUSE_HOME
   in-process L1/L2 caches, face-region fusion, admission by memory budget);
 * ``naive ×N``: the same pipeline in PyTorch eager FP32, unbatched, uncached,
   whole-frame blending, one request at a time per worker, N uvicorn processes (one
-  server per ``--naive-workers`` count, default 1 and 2), one torch thread each.
+  server per ``--naive-workers`` count, default 1 and 2), one torch thread each;
+* with ``--arenas-variant``, ``naive ×1`` again with ``MALLOC_ARENA_MAX=2`` (glibc's
+  arenas capped as facefuse caps them): how much of the naive's memory is the
+  allocator rather than PyTorch or the whole-frame work.
 
 For ``--rounds`` interleaved rounds, at each concurrency of ``--levels``, each server
 in turn gets closed-loop ``POST /v1/fuse`` load for ``--duration`` s with distinct
@@ -49,6 +52,10 @@ from serve import Inputs, Pool, Server, closed_loop, load1, server
 
 NAIVE = (str(Path(__file__).resolve().parent / "naive_service.py"),)
 PLOTS = {"latency": "naive_latency.png", "rss": "naive_rss.png", "bars": "naive_bars.png"}
+
+
+#: The naive server with glibc's malloc arenas capped as facefuse caps its own.
+ARENAS_NAME = "naive ×1, 2 arenas"
 
 
 def naive_name(workers: int) -> str:
@@ -144,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                     default=[1, 4, 8, 16])
     ap.add_argument("--naive-workers", type=lambda s: [int(v) for v in s.split(",")],
                     default=[1, 2], help="one naive server per worker count")
+    ap.add_argument("--arenas-variant", action="store_true",
+                    help="also naive ×1 with MALLOC_ARENA_MAX=2 (how much is the allocator)")
     ap.add_argument("--megapixels", type=float, default=2.0,
                     help="portrait area before the per-image 0.7-1.0 rescale (so ~1-2 MP)")
     ap.add_argument("--mem-limit-mb", type=float, default=1200.0)
@@ -168,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         for w in args.naive_workers:
             servers[naive_name(w)] = stack.enter_context(
                 server({}, log, ("--workers", str(w)), command=NAIVE))
+        if args.arenas_variant:
+            servers[ARENAS_NAME] = stack.enter_context(
+                server({"MALLOC_ARENA_MAX": "2"}, log, ("--workers", "1"), command=NAIVE))
         startup_rss = {n: round(s.peak_rss_mb(), 1) for n, s in servers.items()}
         check = same_pair(servers, inputs.pairs(1)[0])
         for srv in servers.values():  # warm up (allocators, first runs of every model)
@@ -280,7 +292,9 @@ def report(res: dict[str, Any], plotted: bool) -> str:
         machine_line(res["machine"]) + " Shared with other work while measured; "
         f"load generator on the same cores. {res['wall_s']:.0f} s.", "",
         f"Command: `make bench-naive` (`python bench/naive_vs_facefuse.py --rounds {a['rounds']}"
-        f" --duration {a['duration']:g} --benchmarks`). Closed loop, distinct portraits of "
+        f" --duration {a['duration']:g}"
+        f"{' --arenas-variant' if a.get('arenas_variant') else ''} --benchmarks`). "
+        "Closed loop, distinct portraits of "
         f"~{a['megapixels'] * 0.49:.1f}–{a['megapixels']:.1f} MP (JPEG q90), never the same "
         f"pixels twice on one server; {a['rounds']} interleaved rounds × {a['duration']:g} s "
         "per level; latency and req/s are medians of the rounds. Peak RSS: VmHWM of the "
@@ -298,6 +312,10 @@ def report(res: dict[str, Any], plotted: bool) -> str:
         "(1 torch thread per worker), no batching, no caches, the blend over the whole "
         "frame, one request at a time per worker (uvicorn workers, each with its own "
         "models); age/gender not loaded (facefuse loads them, /v1/fuse does not run them).",
+        *([f"* **{ARENAS_NAME}**: naive ×1 with `MALLOC_ARENA_MAX=2` (facefuse caps "
+           "glibc's malloc arenas at 2 itself; without the cap every thread of the thread "
+           "pool that runs a request keeps an arena at its own high-water mark)."]
+          if ARENAS_NAME in s else []),
         "",
         "| concurrency | server | req/s | p50 ms | p95 ms | peak RSS MiB | kept MiB "
         "| PSS after MiB | 503 | errors |",
