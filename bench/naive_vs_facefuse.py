@@ -349,7 +349,7 @@ def report(res: dict[str, Any], plotted: bool) -> str:
         + f" (of {', '.join(str(c) for c in a['levels'])}).",
         "RSS after start-up, before any request: "
         + ", ".join(f"{n} {v:.0f} MiB" for n, v in res["startup_rss_mb"].items()) + ".",
-        "Same pipeline check, one fixed pair through both: similarity "
+        "Same pipeline check, one fixed pair through each server: similarity "
         + ", ".join(f"{n} {v['similarity']:.4f}" for n, v in sp.items())
         + "; naive outputs vs facefuse's: PSNR "
         + ", ".join(f"{n} {sp[n]['psnr_vs_first_db']} dB" for n in naives) + ".",
