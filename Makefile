@@ -12,7 +12,7 @@ export FACEFUSE_HOME ?= $(HOME)/.cache/facefuse
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: install models samples setup demo serve test lint bench bench-serve bench-ab quantize clean system-deps \
-	bench-gpu-deps gpu-check-cpu gpu-wheels \
+	bench-gpu-deps bench-naive gpu-check-cpu gpu-wheels \
 	deploy-tools image image-naive
 
 $(PY):
@@ -101,6 +101,12 @@ bench-ab: setup
 bench-gpu-deps: install
 	$(PIP) install -q -e '.[bench]'
 	$(PIP) install -q --no-deps onnx2torch==1.5.15
+
+# The naive baseline (PyTorch eager, unbatched, uncached) against facefuse serve, and
+# ONNX Runtime vs PyTorch / FP32 vs INT8 per model: two BENCHMARKS.md sections, plots.
+bench-naive: setup bench-gpu-deps
+	$(PY) bench/naive_vs_facefuse.py --rounds 3 --duration 5 --arenas-variant --benchmarks
+	$(PY) bench/runtime_per_model.py --benchmarks
 
 # The GPU check end to end on this machine's CPU, small (see docs/gpu.md for the GPU run).
 gpu-check-cpu: setup bench-gpu-deps

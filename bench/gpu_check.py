@@ -50,13 +50,12 @@ from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.swappers.classic import ClassicSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.pixels import OnnxPixels, OpenCVPixels, PixelBackend, load_graph
-from facefuse.runtime.manifest import ModelSpec
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.quantize.calibration import build_stage_data, evaluation_plan, load_photos
 from facefuse.toolchain.quantize.evaluate import Evaluator
 from facefuse.toolchain.samples import fetch_samples
 from report import machine, machine_line, write_section
-from torch_graphs import TorchGraph, torch_model
+from torch_graphs import TorchGraph, TorchRunner, torch_model
 
 MODELS = ("blazeface_full", "facemesh", "iris", "dlib_resnet")
 #: Model inputs per fusion of one source and one target face (evaluation on).
@@ -68,22 +67,6 @@ STAGES = ("remap", "lighting", "multiband")
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-class TorchRunner:
-    """A converted model with ``LoadedModel``'s ``spec`` and ``run`` (numpy in and out)."""
-
-    def __init__(self, spec: ModelSpec, module: torch.nn.Module, device: str,
-                 dtype: torch.dtype) -> None:
-        self.spec, self.module, self.device, self.dtype = spec, module, device, dtype
-
-    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        with torch.inference_mode():
-            xs = [torch.from_numpy(np.ascontiguousarray(x)).to(self.device, self.dtype)
-                  for x in inputs]
-            out = self.module(*xs)
-            outs = out if isinstance(out, list | tuple) else [out]
-            return [o.float().cpu().numpy() for o in outs]
 
 
 class TorchPixels(OnnxPixels):

@@ -68,12 +68,15 @@ Pair = tuple[bytes, bytes]
 class Inputs:
     """A stream of distinct JPEG images (never the same pixels twice)."""
 
-    def __init__(self, settings: Settings, seed: int = 0) -> None:
+    def __init__(self, settings: Settings, seed: int = 0, megapixels: float | None = None) -> None:
+        """``megapixels``: scale each portrait to this area before the per-image crop and
+        0.7–1.0 rescale (default: a long side of 900 px, a typical upload)."""
         paths = fetch_samples(settings.samples_dir, settings.downloads_dir)
         self.bases = []
         for name in PORTRAITS:
             im = Image.fromarray(decode_image(paths[name]))
-            scale = 900 / max(im.size)  # typical upload: long side ~900 px
+            scale = (900 / max(im.size) if megapixels is None
+                     else (megapixels * 1e6 / (im.width * im.height)) ** 0.5)
             self.bases.append(im.resize((round(im.width * scale), round(im.height * scale)),
                                         Image.Resampling.LANCZOS))
         self.rng = random.Random(seed)
@@ -114,7 +117,10 @@ def free_port() -> int:
 class Server:
     """``facefuse serve`` on a free loopback port with extra FACEFUSE_* settings."""
 
-    def __init__(self, env: dict[str, str], log: Path, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, env: dict[str, str], log: Path, args: tuple[str, ...] = (),
+                 command: tuple[str, ...] = ("-m", "facefuse.cli", "serve")) -> None:
+        """``command``: what Python runs (default ``facefuse serve``); ``--port`` and
+        ``args`` follow it."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full = {k: v for k, v in os.environ.items()
@@ -122,7 +128,7 @@ class Server:
         full.update(env)
         with log.open("ab") as fh:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "facefuse.cli", "serve", "--port", str(self.port), *args],
+                [sys.executable, *command, "--port", str(self.port), *args],
                 env=full, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         end = time.monotonic() + 120
         while True:
@@ -135,14 +141,18 @@ class Server:
                 raise RuntimeError(f"server not ready; see {log}")
             time.sleep(0.1)
 
-    def peak_rss_mb(self) -> float:
-        """VmHWM of the server process plus its worker processes (``--workers``)."""
+    def pids(self) -> list[int]:
+        """The server process and its worker processes (``--workers``)."""
         pids = [self.proc.pid]
         with contextlib.suppress(OSError):
             for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
                 pids += [int(p) for p in (task / "children").read_text().split()]
+        return pids
+
+    def peak_rss_mb(self) -> float:
+        """VmHWM of the server process plus its worker processes (``--workers``)."""
         total = 0.0
-        for pid in pids:
+        for pid in self.pids():
             with contextlib.suppress(OSError):
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
@@ -170,8 +180,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def server(env: dict[str, str], log: Path, args: tuple[str, ...] = ()) -> Iterator[Server]:
-    s = Server(env, log, args)
+def server(env: dict[str, str], log: Path, args: tuple[str, ...] = (),
+           command: tuple[str, ...] | None = None) -> Iterator[Server]:
+    s = Server(env, log, args) if command is None else Server(env, log, args, command)
     try:
         yield s
     finally:
