@@ -36,7 +36,8 @@ def status(field):
 
 s = Settings.from_env(threads=1, precision="fp32", detector=sys.argv[1])
 photos = {n: decode_image(p) for n, p in fetch_samples(s.samples_dir, s.downloads_dir).items()}
-free = {n: decode_image(p) for n, p in fetch_face_free(s.home / "face-free", s.downloads_dir).items()}
+free_paths = fetch_face_free(s.home / "face-free", s.downloads_dir)
+free = {n: decode_image(p) for n, p in free_paths.items()}
 image = group_photo(photos, free, seed=1).image
 before = status("VmRSS")
 an = FaceAnalyser(s)
