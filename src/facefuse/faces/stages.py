@@ -170,8 +170,8 @@ class FaceModels:
     @classmethod
     def from_registry(cls, settings: Settings, registry: ModelRegistry) -> FaceModels:
         """The models ``settings`` choose, loaded (and verified) through ``registry``.
-        Every detector in use is loaded now: YuNet beside BlazeFace adds ~8 MB of RSS
-        (``bench/detector_memory.py``), less than a lazy load would cost the first
+        Every detector in use is loaded now: YuNet beside BlazeFace adds 8–13 MB of RSS
+        (``bench/detector_policy.py``), less than a lazy load would cost the first
         request that needs it (session build, first-shape runs outside the warm-up)."""
         iris = registry.get("iris") if registry.has("iris") else None
         built = {name: make_detector(settings, registry, name)
