@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from server_harness import GRACEFUL_EXIT, ServerProcess
+from server_harness import GRACEFUL_EXIT, ServerProcess, batch_stats
 
 from facefuse.config import Settings
 from facefuse.imaging.decode import decode_image
@@ -48,13 +47,9 @@ def groups(settings: Settings, sample_images: dict[str, np.ndarray]) -> dict[int
 
 
 def _batches(client: httpx.Client) -> dict[str, float]:
-    """Model runs so far per detector (``facefuse_batch_size_count{model=...}``)."""
+    """Items each detector has run so far (``facefuse_batch_size_sum{model=...}``)."""
     text = client.get("/metrics").text
-    out = dict.fromkeys(DETECTORS, 0.0)
-    for m in re.finditer(r'^facefuse_batch_size_count\{model="([^"]+)"\} (\S+)$', text, re.M):
-        if m.group(1) in out:
-            out[m.group(1)] = float(m.group(2))
-    return out
+    return {m: batch_stats(text, m)[0] for m in DETECTORS}
 
 
 def _fuse(client: httpx.Client, source: Path, target: np.ndarray,
