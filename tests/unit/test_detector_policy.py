@@ -12,7 +12,7 @@ from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.detectors import PURPOSES, Purpose, detector_for, detectors_in_use
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.select import DetectPurposes
+from facefuse.fusion.mapping import detect_purposes, parse_mapping
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
@@ -54,15 +54,17 @@ def test_each_setting_runs_its_detectors(setting: str, largest: str, every: str)
 
 
 @pytest.mark.parametrize(("options", "mapping", "expected"), [
-    (FuseOptions(), False, ("largest", "largest", "largest")),
-    (FuseOptions(target_face_index=0), False, ("largest", "all", "largest")),
-    (FuseOptions(mode="many"), False, ("largest", "all", "largest")),
-    (FuseOptions(mode="reference"), False, ("largest", "all", "largest")),
-    (FuseOptions(), True, ("all", "all", "largest")),
+    (FuseOptions(), None, ("largest", "largest", "largest")),
+    (FuseOptions(target_face_index=0), None, ("largest", "all", "largest")),
+    (FuseOptions(mode="many"), None, ("largest", "all", "largest")),
+    (FuseOptions(mode="reference"), None, ("largest", "all", "largest")),
+    (FuseOptions(), [{"source": 0, "target": 2}], ("largest", "all", "largest")),
+    (FuseOptions(), [{"source": 0, "target": 0}, {"source": 1, "source_face": 1, "target": 1}],
+     ("all", "all", "largest")),
 ])
-def test_request_purposes(options: FuseOptions, mapping: bool,
+def test_request_purposes(options: FuseOptions, mapping: list[dict[str, int]] | None,
                           expected: tuple[Purpose, Purpose, Purpose]) -> None:
-    p = DetectPurposes.of(options, mapping=mapping)
+    p = detect_purposes(options, parse_mapping(mapping) if mapping is not None else None)
     assert (p.source, p.target, p.reference) == expected
 
 

@@ -18,9 +18,9 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.types import Face
-from facefuse.fusion.mapping import FacePair, MappedFace, parse_mapping, resolve
+from facefuse.fusion.mapping import FacePair, MappedFace, detect_purposes, parse_mapping, resolve
 from facefuse.fusion.quality import compare_faces, seam_scores
-from facefuse.fusion.select import DetectPurposes, IdentityNeeds, select
+from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.swappers.base import FaceLayer, Swapper
 from facefuse.fusion.swappers.classic import ClassicSwapper
 from facefuse.fusion.swappers.contract import SWAP_TASK
@@ -116,7 +116,7 @@ class FaceFuser:
         needs = IdentityNeeds.of(options)
         if pairs is not None:
             needs = IdentityNeeds(source=needs.source, target=options.evaluate)
-        purposes = DetectPurposes.of(options, mapping=pairs is not None)
+        purposes = detect_purposes(options, pairs)
         src_faces = [self.analyser.analyse(rgb, embed=needs.source, purpose=purposes.source)
                      for rgb in src_decoded]
         t = timer.add("analyse_source", t)

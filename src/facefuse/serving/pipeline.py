@@ -49,9 +49,9 @@ from facefuse.faces.detectors import Purpose, detector_for
 from facefuse.faces.stages import Done, FaceModels, ModelCall, Stage
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.mapping import FacePair, MappedFace, resolve
+from facefuse.fusion.mapping import FacePair, MappedFace, detect_purposes, resolve
 from facefuse.fusion.quality import identity_similarity
-from facefuse.fusion.select import DetectPurposes, IdentityNeeds, select
+from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.types import FuseOptions, SkippedFace
 from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
 from facefuse.imaging.encode import content_type
@@ -503,7 +503,7 @@ class Pipeline:
             blobs.append(reference)
         decoded = await gather_all(self.decode(b, ctx) for b in blobs)
         n = len(sources)
-        purposes = DetectPurposes.of(plain, mapping=bool(mapping))
+        purposes = detect_purposes(plain, mapping)
         jobs = [self.analyse(rgb, digest, ctx, embed=needs.source, purpose=purposes.source)
                 for rgb, digest in decoded[:n]]
         if target_analysis is None:
