@@ -53,9 +53,10 @@ def analyse(image: ImageInput, settings: Settings | None = None) -> list[Face]:
     """Analyse every face in ``image`` (RGB uint8 (H, W, 3) array, path, or bytes).
 
     Returns faces largest first, each with bbox, keypoints, 478-point mesh,
-    five-point landmarks, chip transform and a unit-norm 128-D embedding.
+    five-point landmarks, chip transform and a unit-norm 128-D embedding. Every
+    face is wanted, so under ``detector="auto"`` YuNet finds them.
     """
-    return default_analyser(settings).analyse(image)
+    return default_analyser(settings).analyse(image, purpose="all")
 
 
 def fuse(

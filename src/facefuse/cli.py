@@ -118,7 +118,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     analyser = FaceAnalyser(settings)
     rgb = analyser.decode(Path(args.image))
     timer = StageTimer()
-    faces = analyser.analyse(rgb, attributes=args.attributes, timer=timer)
+    faces = analyser.analyse(rgb, attributes=args.attributes, timer=timer, purpose="all")
     if args.annotate:
         from facefuse.faces.draw import draw_faces
         from facefuse.imaging.encode import encode_image

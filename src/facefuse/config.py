@@ -53,9 +53,13 @@ class Settings:
     ort_cpu_arena: bool = False
     #: Directory where ORT writes optimised graphs / TensorRT engines (None: off).
     optimized_cache: Path | None = None
+    #: ``auto``: BlazeFace full-range where only the largest face is used (sources,
+    #: the target in ``one`` mode), YuNet where every face is (``many`` mode,
+    #: mappings, face listings); see :func:`facefuse.faces.detectors.detector_for`.
     #: ``full`` (BlazeFace full-range, any distance), ``short`` (selfies) or
-    #: ``yunet`` (libfacedetection's YuNet; see docs/models.md for the comparison).
-    detector: Literal["full", "short", "yunet"] = "full"
+    #: ``yunet`` (libfacedetection's YuNet; see docs/models.md for the comparison)
+    #: force one detector everywhere.
+    detector: Literal["auto", "full", "short", "yunet"] = "auto"
     #: When an image has no face upright, try it turned 90°, 270° and 180°.
     det_rotations: bool = True
     det_score_threshold: float = 0.5
@@ -237,8 +241,8 @@ class Settings:
              f"io_binding must be auto|on|off, not {s.io_binding!r}"),
             (s.pixel_backend in ("auto", "opencv", "onnx"),
              f"pixel_backend must be auto|opencv|onnx, not {s.pixel_backend!r}"),
-            (s.detector in ("full", "short", "yunet"),
-             f"detector must be full|short|yunet, not {s.detector!r}"),
+            (s.detector in ("auto", "full", "short", "yunet"),
+             f"detector must be auto|full|short|yunet, not {s.detector!r}"),
             (0.0 < s.det_score_threshold < 1.0, "det_score_threshold must be in (0, 1)"),
             (0.0 < s.det_yunet_score_threshold < 1.0,
              "det_yunet_score_threshold must be in (0, 1)"),

@@ -184,10 +184,12 @@ def test_template_lifecycle(client: httpx.Client, admin: httpx.Client, server: S
     src_variant, other_variant = photo_variants(sample_images, 2, seed=7)
 
     def detector_items() -> float:
-        return batch_stats(client.get("/metrics").text, "blazeface_full")[0]
+        text = client.get("/metrics").text
+        return sum(batch_stats(text, m)[0] for m in ("blazeface_full", "yunet"))
 
-    for variant in (src_variant, other_variant):
-        assert client.post("/v1/embed", files={"image": ("s.jpg", variant)}).status_code == 200
+    # /v1/verify analyses the largest face, with the detector a fusion source runs
+    assert client.post("/v1/verify", files={"a": ("a.jpg", src_variant),
+                                             "b": ("b.jpg", other_variant)}).status_code == 200
     before = detector_items()
     r = client.post(f"/v1/templates/{tid}/fuse", files={
         "source": ("s.jpg", src_variant, "image/jpeg")}, data={"format": "png", "degree": "80"})
@@ -195,10 +197,12 @@ def test_template_lifecycle(client: httpx.Client, admin: httpx.Client, server: S
     assert detector_items() == before
     timing = r.headers["server-timing"]
     assert "template;dur=" in timing and "detect;" not in timing
-    # byte-identical to a plain fuse of the same target: the stored analysis is exact
+    # byte-identical to a plain fuse of the same target whose faces are found as a
+    # template's are (every face, indexed: a face index selects that detector)
     plain = client.post("/v1/fuse", files={
         "source": ("s.jpg", src_variant, "image/jpeg"),
-        "target": ("t.jpg", data, "image/jpeg")}, data={"format": "png", "degree": "80"})
+        "target": ("t.jpg", data, "image/jpeg")},
+        data={"format": "png", "degree": "80", "target_face_index": "0"})
     assert plain.status_code == 200 and plain.headers["x-facefuse-cache"] == "miss"
     assert np.array_equal(_decode(plain.content), _decode(r.content))
     before = detector_items()

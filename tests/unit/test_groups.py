@@ -28,7 +28,7 @@ SMALL = 2  # the smallest face of the group, largest first
 
 @pytest.fixture(scope="module")
 def group_faces(analyser: FaceAnalyser, small_face_group: np.ndarray) -> list[Face]:
-    faces = analyser.analyse(small_face_group)
+    faces = analyser.analyse(small_face_group, purpose="all")  # as many mode finds them
     assert len(faces) == 3
     sizes = [eye_distance(f.landmarks) for f in faces if f.landmarks is not None]
     # the premise: two faces above the limit, the smallest between 16 and the limit

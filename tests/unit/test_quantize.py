@@ -56,7 +56,8 @@ HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 def qsettings(tmp_path: Path, settings: Settings, model_dir: Path) -> Settings:
     """Settings on a private copy of the FP32 zoo: tests never touch the shared one."""
     models = copy_models_dir(model_dir, tmp_path / "models", PIPELINE_MODELS)
-    return settings.replace(models_dir=models, precision="auto", threads=1)
+    # The copy holds the quantized pipeline's models only: BlazeFace is its detector.
+    return settings.replace(models_dir=models, precision="auto", threads=1, detector="full")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import numpy as np
 
 from facefuse.config import Settings
 from facefuse.faces import stages
+from facefuse.faces.detectors import Purpose
 from facefuse.faces.stages import FaceModels, Stage
 from facefuse.faces.types import Detection, Face
 from facefuse.imaging.decode import DecodeLimits, ImageInput, decode_image
@@ -57,9 +58,10 @@ class FaceAnalyser:
         """Any accepted input → RGB uint8 (H, W, 3)."""
         return decode_image(image, self.limits)
 
-    def detect(self, image: np.ndarray) -> list[Detection]:
-        """Detections of an RGB uint8 (H, W, 3) image, best score first."""
-        return self.run(stages.detect(self.models.detector, image, self.models.turns))
+    def detect(self, image: np.ndarray, purpose: Purpose = "largest") -> list[Detection]:
+        """Detections of an RGB uint8 (H, W, 3) image, best score first, by the
+        detector for ``purpose`` (see :func:`facefuse.faces.detectors.detector_for`)."""
+        return self.run(stages.detect(self.models.detectors[purpose], image, self.models.turns))
 
     def analyse(
         self,
@@ -68,11 +70,15 @@ class FaceAnalyser:
         embed: bool = True,
         attributes: bool | None = None,
         timer: StageTimer | None = None,
+        purpose: Purpose = "largest",
     ) -> list[Face]:
-        """All faces in ``image``, largest first.
+        """All faces in ``image`` that the detector for ``purpose`` finds, largest first.
 
         Args:
             image: RGB uint8 (H, W, 3) array, a path, or encoded JPEG/PNG/WebP bytes.
+            purpose: ``"largest"`` when only the largest face will be used (under
+                ``detector="auto"``: BlazeFace, fast), ``"all"`` when every face
+                will (YuNet: finds faces in groups and at the frame's edge).
             embed: compute the identity embedding (skip for geometry-only uses).
             attributes: run age/gender (default: ``settings.attributes``).
             timer: optional per-stage timing sink (decode, detect, mesh, embed, attributes).
@@ -81,7 +87,7 @@ class FaceAnalyser:
         t = time.perf_counter()
         rgb = self.decode(image)
         t = timer.add("decode", t)
-        detections = self.detect(rgb)
+        detections = self.detect(rgb, purpose)
         t = timer.add("detect", t)
         faces = stages.largest_first(self.run(stages.mesh(self.models.mesh, rgb, detections)))
         t = timer.add("mesh", t)

@@ -5,9 +5,21 @@ the detect stage (:func:`facefuse.faces.stages.detect`) tries when none is uprig
 ``yunet``: libfacedetection's YuNet. Every detector has the same shape
 (:class:`Detector`), so the analyser and the server's micro-batchers drive
 them alike.
+
+``auto`` (the default) picks one per :data:`Purpose` (:func:`detector_for`):
+BlazeFace full-range where only the largest face of an image is used (fusion
+sources, the target in ``one`` mode, a reference photo, ``/v1/verify``), YuNet
+where every face is (the target in ``many`` mode, with a mapping or a face index,
+face listings). YuNet finds the faces BlazeFace misses in groups, at the frame's
+edge and filling the frame, at about 2.4x BlazeFace's detect time
+(BENCHMARKS.md, "detect" and "groups"); the one-face path keeps BlazeFace's speed.
+Both the library (:class:`~facefuse.faces.analyser.FaceAnalyser`) and the server
+(:class:`~facefuse.serving.pipeline.Pipeline`) ask :func:`detector_for`.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from facefuse.config import Settings
 from facefuse.faces.detector import BatchedDetector, FaceDetector
@@ -23,19 +35,41 @@ DETECTOR_MODELS: dict[str, str] = {
 }
 
 
+#: Which faces of an image the caller uses: ``largest`` (only the largest face) or
+#: ``all`` (every face: listings, ``many`` mode, mappings, a chosen face index).
+Purpose = Literal["largest", "all"]
+PURPOSES: tuple[Purpose, ...] = ("largest", "all")
+
+#: ``Settings.detector = "auto"``: the detector each purpose runs.
+AUTO_DETECTORS: dict[Purpose, str] = {"largest": "full", "all": "yunet"}
+
 #: What every detector is (preprocess → batched run → postprocess).
 Detector = BatchedDetector
 
 
-def detector_model(settings: Settings) -> str:
-    """The model name ``settings.detector`` runs."""
-    return DETECTOR_MODELS[settings.detector]
+def detector_for(settings: Settings, purpose: Purpose) -> str:
+    """The detector (``full`` | ``short`` | ``yunet``) that runs for ``purpose``:
+    the one ``settings.detector`` forces, or under ``auto`` :data:`AUTO_DETECTORS`'s."""
+    if settings.detector == "auto":
+        return AUTO_DETECTORS[purpose]
+    return settings.detector
 
 
-def make_detector(settings: Settings, registry: ModelRegistry) -> Detector:
-    """The detector ``settings.detector`` names, over the registry's model."""
-    model = registry.get(detector_model(settings))
-    if settings.detector == "yunet":
+def detectors_in_use(settings: Settings) -> tuple[str, ...]:
+    """Every detector some purpose runs under ``settings``, in :data:`PURPOSES` order."""
+    return tuple(dict.fromkeys(detector_for(settings, p) for p in PURPOSES))
+
+
+def detector_model(settings: Settings, purpose: Purpose = "largest") -> str:
+    """The model name the detector for ``purpose`` runs."""
+    return DETECTOR_MODELS[detector_for(settings, purpose)]
+
+
+def make_detector(settings: Settings, registry: ModelRegistry, name: str) -> Detector:
+    """The detector ``name`` (``full`` | ``short`` | ``yunet``) over the registry's
+    model, with ``settings``' thresholds."""
+    model = registry.get(DETECTOR_MODELS[name])
+    if name == "yunet":
         return YuNetDetector(
             model, score_threshold=settings.det_yunet_score_threshold,
             tile_above=max(settings.det_tile_above, 640),
@@ -45,7 +79,7 @@ def make_detector(settings: Settings, registry: ModelRegistry) -> Detector:
         score_threshold=settings.det_score_threshold,
         nms_iou=settings.det_nms_iou,
         tile_above=settings.det_tile_above,
-        variant="short" if settings.detector == "short" else "full",
+        variant="short" if name == "short" else "full",
     )
 
 

@@ -33,7 +33,7 @@ server can share them between requests through its cache.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -42,7 +42,15 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.faces.attributes import attribute_chip, read_age, read_gender
-from facefuse.faces.detectors import Detector, make_detector, turns_to_try
+from facefuse.faces.detectors import (
+    PURPOSES,
+    Detector,
+    Purpose,
+    detector_for,
+    detectors_in_use,
+    make_detector,
+    turns_to_try,
+)
 from facefuse.faces.landmarker import FaceMesh
 from facefuse.faces.recognizer import Recognizer, normalize
 from facefuse.faces.rotation import (
@@ -143,13 +151,15 @@ def registry_name(model: LoadedModel) -> str:
 
 @dataclass(frozen=True)
 class FaceModels:
-    """The detector, mesh and recognizer that the stages run over.
+    """The detectors, mesh and recognizer that the stages run over.
 
     The wrappers hold the models only to read their specs (names, input sizes);
     model runs go through the driver's runner.
     """
 
-    detector: Detector
+    #: The detector of each :data:`~facefuse.faces.detectors.Purpose` (one object
+    #: for both when a single detector is forced).
+    detectors: Mapping[Purpose, Detector]
     mesh: FaceMesh
     recognizer: Recognizer
     age: LoadedModel | None = None
@@ -159,10 +169,15 @@ class FaceModels:
 
     @classmethod
     def from_registry(cls, settings: Settings, registry: ModelRegistry) -> FaceModels:
-        """The models ``settings`` choose, loaded (and verified) through ``registry``."""
+        """The models ``settings`` choose, loaded (and verified) through ``registry``.
+        Every detector in use is loaded now: YuNet beside BlazeFace adds 8–13 MB of RSS
+        (``bench/detector_policy.py``), less than a lazy load would cost the first
+        request that needs it (session build, first-shape runs outside the warm-up)."""
         iris = registry.get("iris") if registry.has("iris") else None
+        built = {name: make_detector(settings, registry, name)
+                 for name in detectors_in_use(settings)}
         return cls(
-            detector=make_detector(settings, registry),
+            detectors={p: built[detector_for(settings, p)] for p in PURPOSES},
             mesh=FaceMesh(registry.get("facemesh"), iris),
             recognizer=Recognizer(registry.get("dlib_resnet")),
             age=registry.get("age") if registry.has("age") else None,
@@ -171,14 +186,24 @@ class FaceModels:
         )
 
     @property
+    def detector(self) -> Detector:
+        """The largest-face detector (the one a single-face caller runs)."""
+        return self.detectors["largest"]
+
+    def detector_name(self, purpose: Purpose) -> str:
+        """Registry name of the detector model ``purpose`` runs."""
+        return registry_name(self.detectors[purpose].model)
+
+    @property
     def names(self) -> tuple[str, ...]:
-        """Registry names of the detector, mesh, iris and recognizer models."""
+        """Registry names of the detectors, mesh, iris and recognizer models."""
         iris = self.mesh.iris
-        return tuple(
+        detectors = [d.model for d in self.detectors.values()]
+        return tuple(dict.fromkeys(
             registry_name(m)
-            for m in (self.detector.model, self.mesh.mesh, iris, self.recognizer.model)
+            for m in (*detectors, self.mesh.mesh, iris, self.recognizer.model)
             if m is not None
-        )
+        ))
 
 
 # --- the stages ------------------------------------------------------------------------

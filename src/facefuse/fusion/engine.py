@@ -18,7 +18,7 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.types import Face
-from facefuse.fusion.mapping import FacePair, MappedFace, parse_mapping, resolve
+from facefuse.fusion.mapping import FacePair, MappedFace, detect_purposes, parse_mapping, resolve
 from facefuse.fusion.quality import compare_faces, seam_scores
 from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.swappers.base import FaceLayer, Swapper
@@ -119,12 +119,14 @@ class FaceFuser:
         needs = IdentityNeeds.of(options)
         if pairs is not None:
             needs = IdentityNeeds(source=needs.source, target=options.evaluate)
-        src_faces = [self.analyser.analyse(rgb, embed=needs.source) for rgb in src_decoded]
+        purposes = detect_purposes(options, pairs)
+        src_faces = [self.analyser.analyse(rgb, embed=needs.source, purpose=purposes.source)
+                     for rgb in src_decoded]
         t = timer.add("analyse_source", t)
-        tgt_faces = self.analyser.analyse(tgt_rgb, embed=needs.target)
+        tgt_faces = self.analyser.analyse(tgt_rgb, embed=needs.target, purpose=purposes.target)
         ref_faces = None
         if reference is not None and options.mode == "reference" and pairs is None:
-            ref_faces = self.analyser.analyse(reference)
+            ref_faces = self.analyser.analyse(reference, purpose=purposes.reference)
         t = timer.add("analyse_target", t)
         if pairs is not None:
             mapped, skipped = resolve(pairs, src_faces, tgt_faces, options.min_face_size)

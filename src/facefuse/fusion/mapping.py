@@ -28,8 +28,8 @@ import numpy as np
 
 from facefuse.errors import FaceError, MappingError, NoFaceError
 from facefuse.faces.types import Face
-from facefuse.fusion.select import none_fusable, skipped_face, usability_error
-from facefuse.fusion.types import MIN_EYE_DISTANCE_PX, SkippedFace
+from facefuse.fusion.select import DetectPurposes, none_fusable, skipped_face, usability_error
+from facefuse.fusion.types import MIN_EYE_DISTANCE_PX, FuseOptions, SkippedFace
 
 #: Most pairs in one mapping (and source images in one request).
 MAX_MAPPINGS = 6
@@ -138,6 +138,15 @@ def parse_cli_pair(text: str) -> FacePair:
     except (ValueError, IndexError):
         raise MappingError(f"--map {text!r}: expected SRC[.FACE]=TARGET, TARGET a face index "
                            "or x0,y0,x1,y1", code="mapping_invalid") from None
+
+
+def detect_purposes(options: FuseOptions, pairs: Sequence[FacePair] | None) -> DetectPurposes:
+    """Which faces of each image a request with ``options`` and mapping ``pairs``
+    (None or empty: no mapping) uses: what picks its detectors."""
+    if not pairs:
+        return DetectPurposes.of(options)
+    return DetectPurposes.of(options, mapping=True,
+                             source_faces=any(p.source_face > 0 for p in pairs))
 
 
 def iou(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float]) -> float:

@@ -22,6 +22,7 @@ from facefuse.errors import (
     InvalidArgumentError,
     NoFaceError,
 )
+from facefuse.faces.detectors import Purpose
 from facefuse.faces.types import Face
 from facefuse.fusion.geometry import eye_distance, head_pose
 from facefuse.fusion.quality import identity_similarity
@@ -55,6 +56,36 @@ class IdentityNeeds:
             source=options.evaluate or similarity or options.swapper != "classic",
             target=options.evaluate or reference,
         )
+
+
+@dataclass(frozen=True)
+class DetectPurposes:
+    """Which faces of each image of a fusion request are used, so which detector
+    analyses it (:func:`facefuse.faces.detectors.detector_for`).
+
+    Only the largest face is used of a source (the largest, most frontal across the
+    source images), of a reference photo and of the target in ``one`` mode. Every
+    face may be used of the target in ``many`` and ``reference`` mode (the person
+    to replace may be any of them), of a target whose face is chosen by index, of
+    a mapping's target, and of its sources when a pair names a source face other
+    than the largest: indices count the faces a listing (``/v1/faces``,
+    ``facefuse analyse``) shows, so they must come from the same detector.
+    """
+
+    source: Purpose
+    target: Purpose
+    reference: Purpose = "largest"
+
+    @classmethod
+    def of(cls, options: FuseOptions, *, mapping: bool = False,
+           source_faces: bool = False) -> DetectPurposes:
+        """The purposes of a request with ``options``; ``mapping``: it has one,
+        ``source_faces``: the mapping names a source face other than the largest
+        (see :func:`facefuse.fusion.mapping.detect_purposes`)."""
+        if mapping:
+            return cls(source="all" if source_faces else "largest", target="all")
+        every = options.mode != "one" or options.target_face_index is not None
+        return cls(source="largest", target="all" if every else "largest")
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,11 @@ from facefuse.config import Settings
 from facefuse.errors import ImageTooLargeError, InvalidArgumentError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
+from facefuse.faces.detectors import Purpose, detector_for
 from facefuse.faces.stages import Done, FaceModels, ModelCall, Stage
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.mapping import FacePair, MappedFace, resolve
+from facefuse.fusion.mapping import FacePair, MappedFace, detect_purposes, resolve
 from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.select import IdentityNeeds, select
 from facefuse.fusion.types import FuseOptions, SkippedFace
@@ -423,18 +424,22 @@ class Pipeline:
 
     # --- analysis ----------------------------------------------------------------------
 
-    def _l1_key(self, digest: str) -> str:
+    def _l1_key(self, digest: str, purpose: Purpose) -> str:
+        # The detector actually run, not the setting: under "auto" one image has a
+        # largest-face and an every-face analysis; a forced detector shares one.
         s = self.settings
-        options = {"detector": s.detector, "rotations": s.det_rotations,
+        options = {"detector": detector_for(s, purpose), "rotations": s.det_rotations,
                    "score": s.det_score_threshold, "yunet_score": s.det_yunet_score_threshold,
                    "nms": s.det_nms_iou, "tile_above": s.det_tile_above}
         return analysis_key(digest, self._versions, options)
 
     async def analyse(
-        self, rgb: np.ndarray, digest: str, ctx: RequestContext, *, embed: bool = True
+        self, rgb: np.ndarray, digest: str, ctx: RequestContext, *, embed: bool = True,
+        purpose: Purpose = "largest",
     ) -> Analysis:
-        """Faces of one decoded image, largest first, through L1 and the batchers."""
-        key = self._l1_key(digest)
+        """Faces of one decoded image, largest first, through L1 and the batchers,
+        found by the detector for ``purpose`` (:func:`detector_for`)."""
+        key = self._l1_key(digest, purpose)
         cached = self.l1.get(key)
         if cached is not None and (cached.embedded or not embed):
             ctx.l1.append("hit")
@@ -445,7 +450,8 @@ class Pipeline:
             faces = list(cached.faces)
         else:
             t = time.perf_counter()
-            detections = await self.run(stages.detect(models.detector, rgb, models.turns), ctx)
+            detector = models.detectors[purpose]
+            detections = await self.run(stages.detect(detector, rgb, models.turns), ctx)
             t = ctx.timer.add("detect", t)
             faces = await self.run(stages.mesh(models.mesh, rgb, detections), ctx)
             faces = stages.largest_first(faces)
@@ -497,12 +503,16 @@ class Pipeline:
             blobs.append(reference)
         decoded = await gather_all(self.decode(b, ctx) for b in blobs)
         n = len(sources)
-        jobs = [self.analyse(rgb, digest, ctx, embed=needs.source) for rgb, digest in decoded[:n]]
+        purposes = detect_purposes(plain, mapping)
+        jobs = [self.analyse(rgb, digest, ctx, embed=needs.source, purpose=purposes.source)
+                for rgb, digest in decoded[:n]]
         if target_analysis is None:
             jobs.append(self.analyse(decoded[n][0], decoded[n][1], ctx,
-                                     embed=needs.target and not mapping))
+                                     embed=needs.target and not mapping,
+                                     purpose=purposes.target))
         if with_reference:
-            jobs.append(self.analyse(decoded[n + 1][0], decoded[n + 1][1], ctx, embed=True))
+            jobs.append(self.analyse(decoded[n + 1][0], decoded[n + 1][1], ctx, embed=True,
+                                     purpose=purposes.reference))
         analyses = await gather_all(jobs)
         tgt = target_analysis if target_analysis is not None else analyses[n]
         ref_faces = list(analyses[-1].faces) if with_reference else None

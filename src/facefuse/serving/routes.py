@@ -260,7 +260,7 @@ async def faces(request: Request) -> JSONResponse:
     async def run() -> dict[str, Any]:
         async with pipeline.admit([images["image"]]):
             rgb, digest = await pipeline.decode(images["image"], ctx)
-            analysis = await pipeline.analyse(rgb, digest, ctx, embed=False)
+            analysis = await pipeline.analyse(rgb, digest, ctx, embed=False, purpose="all")
             found: list[Face] = list(analysis.faces)
             if params.attributes and found:
                 found = await pipeline.attributes(rgb, found, ctx)
@@ -291,7 +291,8 @@ async def embed(request: Request) -> JSONResponse:
     async def run() -> list[Face]:
         async with pipeline.admit([images["image"]]):
             rgb, digest = await pipeline.decode(images["image"], ctx)
-            return list((await pipeline.analyse(rgb, digest, ctx, embed=True)).faces)
+            analysis = await pipeline.analyse(rgb, digest, ctx, embed=True, purpose="all")
+            return list(analysis.faces)
 
     found = await within_deadline(ctx, run())
     observe_stages(svc, ctx)

@@ -108,7 +108,8 @@ async def create_template(request: Request) -> JSONResponse:
     async def analyse() -> Analysis:
         async with pipeline.admit([data]):
             rgb, digest = await pipeline.decode(data, ctx)
-            return await pipeline.analyse(rgb, digest, ctx, embed=True)
+            # Every face: a template is listed with face indices and fused in any mode.
+            return await pipeline.analyse(rgb, digest, ctx, embed=True, purpose="all")
 
     analysis = await within_deadline(ctx, analyse())
     observe_stages(svc, ctx)
