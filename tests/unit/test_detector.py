@@ -12,6 +12,7 @@ from mediapipe_ref import TFLiteModel, tflite_dir, tflite_file
 
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
+from facefuse.faces import stages
 from facefuse.faces.detector import (
     FULL_RANGE,
     SHORT_RANGE,
@@ -252,6 +253,42 @@ def test_small_face_in_large_canvas_needs_tiles(
     assert untiled == []
     found = _single(full, canvas)
     assert np.abs(found.bbox - expected).max() < 0.15 * face_px
+
+
+def _run_counting(stage: Any, det: FaceDetector) -> tuple[list[Detection], list[int]]:
+    """Drive a detect stage on ``det``'s model; also the pass count of each model call."""
+    calls: list[int] = []
+
+    def run(call: stages.ModelCall) -> stages.Outputs:
+        calls.append(len(call.inputs))
+        return stages.split_rows(det.run(np.stack(call.inputs)), len(call.inputs))
+
+    return stages.run_sync(stage, run), calls
+
+
+def test_coarse_first_runs_the_tiles_only_when_the_whole_image_finds_nothing(
+    full: FaceDetector, sample_images: dict[str, np.ndarray]
+) -> None:
+    image = sample_images["obama"]
+    ref = _single(full, image)
+    # A large face and a small one only the tiles see, in a 4000×3000 photo.
+    canvas, _ = _paste((3000, 4000), image, 1400, (200, 200))
+    small, _ = _paste((3000, 4000), image, 350, (2900, 1900))
+    canvas[1900:, 2900:] = small[1900:, 2900:]
+    passes = len(full.preprocess(canvas))
+    assert passes > 2
+    every, calls = _run_counting(stages.detect(full, canvas), full)
+    assert len(every) == 2 and calls == [passes]
+    largest, calls = _run_counting(stages.detect(full, canvas, coarse_first=True), full)
+    assert calls == [1]  # the tiles never ran
+    assert len(largest) == 1
+    assert largest[0].width == pytest.approx(max(d.width for d in every), rel=0.1)
+    assert largest[0].width > 2 * ref.width * 350 / image.shape[1]  # the large face
+    # Nothing in the whole-image pass: the tiles run and find the small face.
+    found, calls = _run_counting(stages.detect(full, small, coarse_first=True), full)
+    assert calls == [1, passes - 1] and len(found) == 1
+    (alone,) = _run_counting(stages.detect(full, small), full)[0]
+    np.testing.assert_array_equal(found[0].bbox, alone.bbox)
 
 
 @pytest.mark.parametrize("shape", [(300, 1200), (1200, 300), (300, 4000), (4000, 300), (40, 900)])

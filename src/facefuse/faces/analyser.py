@@ -61,7 +61,8 @@ class FaceAnalyser:
     def detect(self, image: np.ndarray, purpose: Purpose = "largest") -> list[Detection]:
         """Detections of an RGB uint8 (H, W, 3) image, best score first, by the
         detector for ``purpose`` (see :func:`facefuse.faces.detectors.detector_for`)."""
-        return self.run(stages.detect(self.models.detectors[purpose], image, self.models.turns))
+        return self.run(stages.detect(self.models.detectors[purpose], image, self.models.turns,
+                                      coarse_first=purpose == "largest"))
 
     def analyse(
         self,

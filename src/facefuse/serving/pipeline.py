@@ -425,10 +425,11 @@ class Pipeline:
     # --- analysis ----------------------------------------------------------------------
 
     def _l1_key(self, digest: str, purpose: Purpose) -> str:
-        # The detector actually run, not the setting: under "auto" one image has a
-        # largest-face and an every-face analysis; a forced detector shares one.
+        # The detector actually run, not the setting, and the purpose: a largest-face
+        # analysis stops at the whole-image pass (see stages.detect's coarse_first).
         s = self.settings
-        options = {"detector": detector_for(s, purpose), "rotations": s.det_rotations,
+        options = {"detector": detector_for(s, purpose), "purpose": purpose,
+                   "rotations": s.det_rotations,
                    "score": s.det_score_threshold, "yunet_score": s.det_yunet_score_threshold,
                    "nms": s.det_nms_iou, "tile_above": s.det_tile_above}
         return analysis_key(digest, self._versions, options)
@@ -451,7 +452,8 @@ class Pipeline:
         else:
             t = time.perf_counter()
             detector = models.detectors[purpose]
-            detections = await self.run(stages.detect(detector, rgb, models.turns), ctx)
+            detections = await self.run(stages.detect(
+                detector, rgb, models.turns, coarse_first=purpose == "largest"), ctx)
             t = ctx.timer.add("detect", t)
             faces = await self.run(stages.mesh(models.mesh, rgb, detections), ctx)
             faces = stages.largest_first(faces)
