@@ -2,7 +2,8 @@
 
 The base commit's ``src/`` is exported (``git archive``) into a temporary directory
 and put first on ``PYTHONPATH`` of one ``facefuse serve``; the other runs this
-checkout. Both use the same virtual environment, models and ``FACEFUSE_HOME``,
+checkout. Both use the same virtual environment and, unless ``--base-home`` gives
+the base its own (models built by its own converters), the same ``FACEFUSE_HOME``;
 embedded defaults (batching on, in-process caches), and are up at once. For
 ``--rounds`` interleaved rounds, each server in turn gets closed-loop
 ``POST /v1/fuse`` load with distinct inputs (bench/serve.py's portraits, never the
@@ -18,7 +19,8 @@ Medians of the rounds and their ratios new/old; the goals checked against them.
 With ``--workers2`` a third server, this checkout with ``--workers 2``, takes its
 turn in every round too.
 
-    .venv/bin/python bench/ab.py [--base REV] [--rounds 5] [--duration 6] [--workers2]
+    .venv/bin/python bench/ab.py [--base REV] [--base-home DIR] [--megapixels MP]
+                                 [--rounds 5] [--duration 6] [--workers2]
 
 Writes bench/results/ab.json and the "ab" section of BENCHMARKS.md.
 """
@@ -83,9 +85,10 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=6.0, help="seconds per level")
     ap.add_argument("--workers2", action="store_true",
                     help="also this checkout with --workers 2 (RSS summed over the workers)")
+    add_input_options(ap)
     args = ap.parse_args()
     base, head = short_rev(args.base), short_rev("HEAD")
-    inputs = Inputs(Settings.from_env())
+    inputs = Inputs(Settings.from_env(), megapixels=args.megapixels)
     pool = Pool(inputs)
     log = Path(tempfile.gettempdir()) / "facefuse-bench-ab.log"
     log.write_text("")
@@ -94,7 +97,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         old_src = export_src(base, Path(tmp))
         new_env = {"PYTHONPATH": str(ROOT / "src")}
-        servers = {"old": stack.enter_context(server({"PYTHONPATH": str(old_src)}, log)),
+        servers = {"old": stack.enter_context(server(base_env(old_src, args.base_home), log)),
                    "new": stack.enter_context(server(new_env, log))}
         if args.workers2:
             servers["new, 2 workers"] = stack.enter_context(
@@ -111,11 +114,45 @@ def main() -> None:
                 rows[name][str(c)] = [level(srv, name, pool, c, args.duration)]
     res: dict[str, Any] = {"machine": machine(), "base": base, "head": head,
                            "rounds": args.rounds, "duration_s": args.duration, "rows": rows,
+                           "megapixels": args.megapixels,
+                           "base_home": str(args.base_home) if args.base_home else None,
                            "wall_s": round(time.monotonic() - t_start, 1)}
     res["summary"] = {name: summary(r) for name, r in rows.items()}
     write_json("ab", res)
     write_section("ab", report(res))
     print(res["summary"], flush=True)
+
+
+def add_input_options(ap: argparse.ArgumentParser) -> None:
+    """``--base-home`` and ``--megapixels``, shared with bench/stage_timing.py."""
+    ap.add_argument("--base-home", type=Path, default=None,
+                    help="FACEFUSE_HOME of the base server (its own converters' models)")
+    ap.add_argument("--megapixels", type=float, default=None,
+                    help="portrait area in MP (default: long side ~900 px)")
+
+
+def base_env(old_src: Path, base_home: Path | None) -> dict[str, str]:
+    """Environment of the base commit's server."""
+    env = {"PYTHONPATH": str(old_src)}
+    if base_home is not None:
+        env["FACEFUSE_HOME"] = str(base_home)
+    return env
+
+
+def input_flags(res: dict[str, Any]) -> str:
+    """The ``--base-home``/``--megapixels`` part of a report's command line."""
+    mp = res.get("megapixels")
+    return (f"{' --base-home DIR' if res.get('base_home') else ''}"
+            f"{f' --megapixels {mp:g}' if mp else ''}")
+
+
+def inputs_phrase(res: dict[str, Any]) -> str:
+    """How the inputs and the base's models are described in a report."""
+    mp = res.get("megapixels")
+    size = "~630–900 px portraits" if mp is None else f"~{mp:g} MP portraits"
+    home = (" (the base on its own models, built by its own converters)"
+            if res.get("base_home") else "")
+    return size + home
 
 
 def summary(r: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
@@ -153,11 +190,11 @@ def report(res: dict[str, Any]) -> str:
         machine_line(res["machine"]),
         f"Command: `.venv/bin/python bench/ab.py --base {res['base']} --rounds "
         f"{res['rounds']} --duration {res['duration_s']:g}"
-        f"{' --workers2' if 'new, 2 workers' in res['summary'] else ''}` "
+        f"{' --workers2' if 'new, 2 workers' in res['summary'] else ''}{input_flags(res)}` "
         f"({res['wall_s']:.0f} s): the "
         f"base commit `{res['base']}` and this checkout `{res['head']}` served side by side "
-        "(same models, same venv, embedded defaults, batching on), closed-loop "
-        "`POST /v1/fuse` of distinct ~630–900 px portraits (degree 80, JPEG out, each "
+        "(same venv, embedded defaults, batching on), closed-loop "
+        f"`POST /v1/fuse` of distinct {inputs_phrase(res)} (degree 80, JPEG out, each "
         "side's default for `similarity`: on before the recogniser left the default path, "
         f"off after). Latency and throughput are medians of {res['rounds']} "
         "interleaved rounds; peak RSS is the server's VmHWM after the 32-client level; "

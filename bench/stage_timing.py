@@ -1,7 +1,8 @@
 """Benchmark: where one ``/v1/fuse`` spends its time, a base commit vs this checkout.
 
 Both servers up at once (as in bench/ab.py: the base commit's ``src/`` on
-``PYTHONPATH`` of one of them), one client, distinct ~630–900 px portraits; the
+``PYTHONPATH`` of one of them, ``--base-home`` its own models), one client,
+distinct portraits (~630–900 px, or ``--megapixels``); the
 requests alternate between the servers. Per stage, the median of the
 ``Server-Timing`` header (milliseconds; the source's and the target's stages run
 concurrently and are summed), and the client-side wall time.
@@ -25,7 +26,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import export_src, short_rev
+from ab import add_input_options, base_env, export_src, input_flags, inputs_phrase, short_rev
 from facefuse.config import Settings
 from report import ROOT, machine, machine_line, write_json, write_section
 from serve import Inputs, server
@@ -47,15 +48,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="HEAD~1")
     ap.add_argument("--requests", type=int, default=40, help="per server")
+    add_input_options(ap)
     args = ap.parse_args()
     base, head = short_rev(args.base), short_rev("HEAD")
-    inputs = Inputs(Settings.from_env(), seed=11)
+    inputs = Inputs(Settings.from_env(), seed=11, megapixels=args.megapixels)
     pairs = inputs.pairs(args.requests + 3)
     log = Path(tempfile.gettempdir()) / "facefuse-bench-stage-timing.log"
     stages: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         old_src = export_src(base, Path(tmp))
-        servers = {"old": stack.enter_context(server({"PYTHONPATH": str(old_src)}, log)),
+        servers = {"old": stack.enter_context(server(base_env(old_src, args.base_home), log)),
                    "new": stack.enter_context(server({"PYTHONPATH": str(ROOT / "src")}, log))}
         with httpx.Client(timeout=120) as client:
             for i, (src, tgt) in enumerate(pairs):
@@ -74,7 +76,8 @@ def main() -> None:
     med = {name: {k: round(statistics.median(v), 1) for k, v in s.items()}
            for name, s in stages.items()}
     res = {"machine": machine(), "base": base, "head": head, "requests": args.requests,
-           "median_ms": med}
+           "megapixels": args.megapixels,
+           "base_home": str(args.base_home) if args.base_home else None, "median_ms": med}
     write_json("stage_timing", res)
     write_section("stage_timing", report(res))
     print(med, flush=True)
@@ -87,8 +90,9 @@ def report(res: dict[str, Any]) -> str:
         "",
         machine_line(res["machine"]),
         f"Command: `.venv/bin/python bench/stage_timing.py --base {res['base']} --requests "
-        f"{res['requests']}`: servers of `{res['base']}` and `{res['head']}` up at once, one "
-        "client, the requests alternating between them (degree 80, each side's defaults: "
+        f"{res['requests']}{input_flags(res)}`: servers of `{res['base']}` and "
+        f"`{res['head']}` up at once, one client, {inputs_phrase(res)}, the requests "
+        "alternating between them (degree 80, each side's defaults: "
         "a stage a side does not run shows 0); medians of the `Server-Timing` "
         "stages (source and target stages overlap and are summed) and of the client's wall "
         "time, ms.",
