@@ -42,6 +42,7 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.faces.attributes import attribute_chip, read_age, read_gender
+from facefuse.faces.detector import Letterbox
 from facefuse.faces.detectors import (
     PURPOSES,
     Detector,
@@ -228,6 +229,12 @@ def _stacked(outputs: Outputs) -> list[np.ndarray]:
     return [np.stack([row[k] for row in outputs]) for k in range(len(outputs[0]))]
 
 
+#: ``coarse_first``: a largest face at least this fraction of the image's long side
+#: is taken from the whole-image pass alone; a smaller one (under ~40 px of
+#: BlazeFace's 192-px input) has its box refined by the tiles as well.
+COARSE_ENOUGH = 0.2
+
+
 def detect(
     detector: Detector, rgb: np.ndarray, turns: Sequence[int] = (0,), *,
     coarse_first: bool = False,
@@ -239,24 +246,37 @@ def detect(
     detections are mapped back to ``rgb``'s pixels.
 
     ``coarse_first``: for callers that use only the largest face. The whole-image
-    pass runs alone first and the tiles of a large image (which exist to find
-    faces too small for that pass) run only when it finds nothing: a 1–2 MP
-    portrait costs one detector pass instead of three. The faces found are then
-    those of the whole-image pass only, so the result is cached apart from an
-    every-face analysis.
+    pass runs alone first; the tiles of a large image (which exist to find faces
+    too small for that pass) run only when it finds no face of at least
+    :data:`COARSE_ENOUGH` of the long side, and then all passes are merged
+    exactly as without ``coarse_first``. A 1–2 MP portrait costs one detector
+    pass instead of three; the faces found are then those of the whole-image
+    pass only, so the result is cached apart from an every-face analysis.
     """
     h, w = rgb.shape[:2]
     for k in turns:
         items = detector.preprocess(rotate_image(rgb, k))
-        rounds = [items[:1], items[1:]] if coarse_first and len(items) > 1 else [items]
-        for passes in rounds:
-            outputs = yield ModelCall(registry_name(detector.model),
-                                      tuple(x for x, _ in passes))
-            regressors, scores = _stacked(outputs)[:2]
-            found = detector.postprocess(regressors, scores, [box for _, box in passes])
-            if found:
-                return [unrotate_detection(d, k, w, h) for d in found]
+        first = 1 if coarse_first and len(items) > 1 else len(items)
+        outputs = yield ModelCall(registry_name(detector.model),
+                                  tuple(x for x, _ in items[:first]))
+        found = _detections(detector, outputs, items[:first])
+        if first < len(items) and not _coarse_enough(found, max(h, w)):
+            more = yield ModelCall(registry_name(detector.model),
+                                   tuple(x for x, _ in items[first:]))
+            found = _detections(detector, [*outputs, *more], items)
+        if found:
+            return [unrotate_detection(d, k, w, h) for d in found]
     return []
+
+
+def _detections(detector: Detector, outputs: Outputs,
+                items: Sequence[tuple[np.ndarray, Letterbox]]) -> list[Detection]:
+    regressors, scores = _stacked(outputs)[:2]
+    return detector.postprocess(regressors, scores, [box for _, box in items])
+
+
+def _coarse_enough(found: Sequence[Detection], long_side: int) -> bool:
+    return any(d.width >= COARSE_ENOUGH * long_side for d in found)
 
 
 def _dense_mesh(
