@@ -128,10 +128,12 @@ class NaiveFusion:
         self.output = OutputPolicy.from_settings(settings)
         self.lock = threading.Lock()
 
-    def fuse(self, source: bytes, target: bytes, degree: float) -> tuple[bytes, float | None]:
-        """JPEG bytes of the fused image and the output's identity similarity to the source."""
+    def fuse(self, source: bytes, target: bytes, degree: float,
+             similarity: bool = False) -> tuple[bytes, float | None]:
+        """JPEG bytes of the fused image and, when ``similarity`` (off by default, as
+        in facefuse), the output's identity similarity to the source."""
         options = FuseOptions(degree=degree, evaluate=False)
-        needs = IdentityNeeds.of(options, similarity=True)
+        needs = IdentityNeeds.of(options, similarity=similarity)
         with self.lock:
             a = self.analyser
             src_rgb, tgt_rgb = a.decode(source), a.decode(target)
@@ -142,7 +144,7 @@ class NaiveFusion:
             result = self.fuser.fuse_mapped([src_rgb], pairs, tgt_rgb, tgt_faces, options)
             sim = None
             first = result.fused[0] if result.fused else None
-            if first is not None and first.landmarks is not None:
+            if similarity and first is not None and first.landmarks is not None:
                 out_face = a.run(stages.embed_at(a.models.recognizer, result.image,
                                                  first.target_face, first.landmarks))
                 sim = identity_similarity(out_face, chosen.source_face)
@@ -169,8 +171,8 @@ def create_app() -> FastAPI:
 
     @app.post("/v1/fuse")
     def fuse(source: UploadFile = File(...), target: UploadFile = File(...),  # noqa: B008
-             degree: float = Form(100.0)) -> Response:
-        body, sim = naive.fuse(source.file.read(), target.file.read(), degree)
+             degree: float = Form(100.0), similarity: bool = Form(False)) -> Response:
+        body, sim = naive.fuse(source.file.read(), target.file.read(), degree, similarity)
         headers = {} if sim is None else {"X-Facefuse-Identity-Similarity": f"{sim:.6f}"}
         return Response(body, media_type="image/jpeg", headers=headers)
 

@@ -105,7 +105,8 @@ def same_pair(servers: dict[str, Server], pair: tuple[bytes, bytes]) -> dict[str
     out: dict[str, Any] = {}
     ref = None
     for name, srv in servers.items():
-        r = httpx.post(srv.url + "/v1/fuse", timeout=120, data={"degree": "80"},
+        r = httpx.post(srv.url + "/v1/fuse", timeout=120,
+                       data={"degree": "80", "similarity": "true"},
                        files={"source": ("s.jpg", pair[0]), "target": ("t.jpg", pair[1])})
         r.raise_for_status()
         img = decode_image(r.content)
@@ -307,7 +308,8 @@ def report(res: dict[str, Any], plotted: bool) -> str:
         "* **facefuse**: `facefuse serve` on its defaults (ONNX Runtime, micro-batching, "
         "L1/L2 caches at their default bounds, face-region fusion, memory admission).",
         "* **naive ×N**: `bench/naive_service.py --workers N`: the same "
-        "stages, selection, classic fusion, similarity and JPEG encoding (facefuse's own "
+        "stages, selection, classic fusion, similarity (when asked: off by default in "
+        "both, the load does not ask) and JPEG encoding (facefuse's own "
         "code), but the models converted with onnx2torch and run in PyTorch eager FP32 "
         "(1 torch thread per worker), no batching, no caches, the blend over the whole "
         "frame, one request at a time per worker (uvicorn workers, each with its own "
