@@ -149,7 +149,7 @@ def _fuse_options(args: argparse.Namespace) -> Any:
         degree=args.degree, shape=args.shape, texture=args.texture, mode=args.mode,
         target_face_index=args.target_face_index, blend=args.blend, swapper=args.swapper,
         relight=args.relight, reject_source_occluders=args.source_occluders,
-        keep_target_occluders=args.target_occluders,
+        keep_target_occluders=args.target_occluders, symmetric_fill=args.symmetric_fill,
         **({} if args.min_face_size is None else {"min_face_size": args.min_face_size}),
     )
 
@@ -358,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="take the source's pixels even where something covers its face")
     f.add_argument("--no-target-occluders", dest="target_occluders", action="store_false",
                    help="paint over whatever covers the target's face")
+    f.add_argument("--no-symmetric-fill", dest="symmetric_fill", action="store_false",
+                   help="where the source hides part of the face, use the target's own pixels "
+                        "instead of the source's mirrored other half")
     f.add_argument("--quality", type=int, default=92, help="JPEG/WebP quality")
     f.add_argument("--report", metavar="JSON", help="write the quality/timing report")
     f.add_argument("--contact-sheet", metavar="PNG",

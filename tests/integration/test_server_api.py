@@ -111,6 +111,32 @@ def test_fuse_returns_an_image_and_the_second_identical_request_is_a_cache_hit(
     assert third.content != first.content
 
 
+@pytest.mark.parametrize(
+    "option", ["relight", "reject_source_occluders", "keep_target_occluders", "symmetric_fill"])
+def test_each_fusion_option_reaches_the_engine(
+    client: httpx.Client, photos: dict[str, bytes], option: str
+) -> None:
+    target = photos["obama"]
+    if option == "keep_target_occluders":  # something over the target's mouth to keep
+        im = Image.open(io.BytesIO(target)).convert("RGB")
+        im.paste((40, 160, 60), (380, 335, 600, 385))
+        buf = io.BytesIO()
+        im.save(buf, "PNG")
+        target = buf.getvalue()
+    files = {"source": ("s.jpg", photos["biden"]), "target": ("t.png", target)}
+
+    def pixels(fields: dict[str, str]) -> np.ndarray:
+        r = client.post("/v1/fuse", files=files, data={"degree": "100", "format": "png",
+                                                       **fields})
+        assert r.status_code == 200, r.text[:300]
+        return np.asarray(Image.open(io.BytesIO(r.content)).convert("RGB"), np.int16)
+
+    default, off = pixels({}), pixels({option: "false"})
+    assert np.abs(default - off).max() > 10, option
+    r = client.post("/v1/fuse", files=files, data={option: "sometimes"})
+    assert r.status_code == 422 and error_of(r) == "invalid_argument", r.text[:300]
+
+
 def test_fuse_accepts_json_with_base64_and_echoes_the_request_id(
     client: httpx.Client, photos: dict[str, bytes]
 ) -> None:

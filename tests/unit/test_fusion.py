@@ -240,3 +240,20 @@ def test_cli_fuse_errors_have_stable_exit_codes(sample_paths: dict[str, Path], t
                    "-o", str(tmp_path / "o.jpg"), "--degree", "1000"])
     assert rc == 2
     assert "error[invalid_degree]" in capsys.readouterr().err
+
+
+def test_cli_fusion_switches_reach_the_options() -> None:
+    from facefuse.cli import _fuse_options, build_parser
+
+    def options(*flags: str) -> FuseOptions:
+        opts: FuseOptions = _fuse_options(
+            build_parser().parse_args(["fuse", "s.jpg", "t.jpg", *flags]))
+        return opts
+
+    on = options()
+    assert on.relight and on.reject_source_occluders and on.keep_target_occluders
+    assert on.symmetric_fill
+    off = options("--no-relight", "--no-source-occluders", "--no-target-occluders",
+                  "--no-symmetric-fill")
+    assert not (off.relight or off.reject_source_occluders or off.keep_target_occluders
+                or off.symmetric_fill)

@@ -66,7 +66,8 @@ async def read_fuse_request(request: Request, *, target: bool = True) -> FuseReq
                           blend=params.blend, min_face_size=params.min_face_size,
                           relight=params.relight,
                           reject_source_occluders=params.reject_source_occluders,
-                          keep_target_occluders=params.keep_target_occluders)
+                          keep_target_occluders=params.keep_target_occluders,
+                          symmetric_fill=params.symmetric_fill)
     sources = [images["source"]]
     for name in SOURCE_FIELDS[1:]:
         if name in images:

@@ -58,6 +58,9 @@ class FuseParams(_Params):
                                           "glasses, a hand, a beard).")
     keep_target_occluders: bool = Field(True, description="Keep whatever covers the target's "
                                         "face (glasses, a hand, hair, a beard) on top.")
+    symmetric_fill: bool = Field(True, description="Where the source photo hides or squeezes "
+                                 "part of the face the target shows (a turned head), take it "
+                                 "from the mirrored other half of the source face.")
     format: Literal["jpeg", "png", "webp"] = Field("jpeg", description="Output format.")
     quality: int = Field(92, ge=1, le=100, description="JPEG / WebP quality.")
     similarity: bool = Field(False, description="Measure the output's identity and report its "
