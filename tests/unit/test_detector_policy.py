@@ -5,6 +5,9 @@ BlazeFace misses a face that can be fused."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import cv2
 import numpy as np
 import pytest
 
@@ -16,6 +19,7 @@ from facefuse.fusion.mapping import detect_purposes, parse_mapping
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
+from facefuse.serving.cache.keys import pixels_sha256
 from facefuse.serving.pipeline import Pipeline, RequestContext
 from facefuse.toolchain.detection_sets import Case, fetch_face_free, group_photo, pairs
 
@@ -133,3 +137,28 @@ async def test_l1_keeps_each_detectors_analysis_apart(
     assert forced._l1_key(digest, "largest") != forced._l1_key(digest, "all")
     assert "blazeface_full" not in forced.model_names
     forced.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_target_purpose_overrides_the_one_the_mode_implies(
+        auto: Settings, registry: ModelRegistry, group: Case,
+        sample_paths: dict[str, Path]) -> None:
+    # A template whose stored faces are stale is analysed again as it was stored
+    # (every face), whatever mode it is fused in.
+    ok, png = cv2.imencode(".png", cv2.cvtColor(group.image, cv2.COLOR_RGB2BGR))
+    assert ok
+    source = sample_paths["obama"].read_bytes()
+    pipeline = Pipeline(auto, registry)
+    pipeline.start()
+    try:
+        digest = pixels_sha256(decode_image(png.tobytes()))
+        for purpose in (None, "all"):
+            await pipeline.fuse(source, png.tobytes(), FuseOptions(degree=50),
+                                RequestContext(), target_purpose=purpose)
+            analysed = {p: pipeline.l1.get(pipeline._l1_key(digest, p)) is not None
+                        for p in PURPOSES}
+            assert analysed == {"largest": True, "all": purpose == "all"}, purpose
+    finally:
+        await pipeline.drain(10.0)
+        pipeline.close()

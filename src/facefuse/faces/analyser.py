@@ -60,7 +60,11 @@ class FaceAnalyser:
 
     def detect(self, image: np.ndarray, purpose: Purpose = "largest") -> list[Detection]:
         """Detections of an RGB uint8 (H, W, 3) image, best score first, by the
-        detector for ``purpose`` (see :func:`facefuse.faces.detectors.detector_for`)."""
+        detector for ``purpose`` (see :func:`facefuse.faces.detectors.detector_for`).
+        For ``"largest"`` the tiles of a large image run only when the whole-image
+        pass finds no face of a fifth of its long side (``stages.detect``'s
+        ``coarse_first``): smaller faces beside a large one are then not searched;
+        ask for ``"all"`` to find every face."""
         return self.run(stages.detect(self.models.detectors[purpose], image, self.models.turns,
                                       coarse_first=purpose == "largest"))
 
@@ -78,8 +82,9 @@ class FaceAnalyser:
         Args:
             image: RGB uint8 (H, W, 3) array, a path, or encoded JPEG/PNG/WebP bytes.
             purpose: ``"largest"`` when only the largest face will be used (under
-                ``detector="auto"``: BlazeFace, fast), ``"all"`` when every face
-                will (YuNet: finds faces in groups and at the frame's edge).
+                ``detector="auto"``: BlazeFace, fast; the small faces beside a large
+                one are not searched, see :meth:`detect`), ``"all"`` when every
+                face will (YuNet: finds faces in groups and at the frame's edge).
             embed: compute the identity embedding (skip for geometry-only uses).
             attributes: run age/gender (default: ``settings.attributes``).
             timer: optional per-stage timing sink (decode, detect, mesh, embed, attributes).

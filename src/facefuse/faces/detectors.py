@@ -60,11 +60,6 @@ def detectors_in_use(settings: Settings) -> tuple[str, ...]:
     return tuple(dict.fromkeys(detector_for(settings, p) for p in PURPOSES))
 
 
-def detector_model(settings: Settings, purpose: Purpose = "largest") -> str:
-    """The model name the detector for ``purpose`` runs."""
-    return DETECTOR_MODELS[detector_for(settings, purpose)]
-
-
 def make_detector(settings: Settings, registry: ModelRegistry, name: str) -> Detector:
     """The detector ``name`` (``full`` | ``short`` | ``yunet``) over the registry's
     model, with ``settings``' thresholds."""

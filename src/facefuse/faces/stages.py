@@ -191,10 +191,6 @@ class FaceModels:
         """The largest-face detector (the one a single-face caller runs)."""
         return self.detectors["largest"]
 
-    def detector_name(self, purpose: Purpose) -> str:
-        """Registry name of the detector model ``purpose`` runs."""
-        return registry_name(self.detectors[purpose].model)
-
     @property
     def names(self) -> tuple[str, ...]:
         """Registry names of the detectors, mesh, iris and recognizer models."""

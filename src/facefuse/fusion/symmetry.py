@@ -213,7 +213,8 @@ TONE_MIN_PAIRS = 20
 
 
 def side_tone(source_img: np.ndarray, source_lm: np.ndarray, tris: np.ndarray,
-              eye_px: float, occluders: np.ndarray | None = None) -> np.ndarray:
+              eye_px: float, occluders: np.ndarray | None = None,
+              outline: np.ndarray | None = None) -> np.ndarray:
     """Per vertex (468, 3): the source's lighting at vertex ``i`` over its lighting
     at the mirror vertex.
 
@@ -227,7 +228,8 @@ def side_tone(source_img: np.ndarray, source_lm: np.ndarray, tris: np.ndarray,
     > 0.5), the log ratio is fitted per channel as a linear function of the
     offset between the two vertices (a side-to-side lighting slope: odd in the
     offset, as the ratio is), which extends to the face's edges; all ones when
-    fewer than :data:`TONE_MIN_PAIRS` pairs are measured.
+    fewer than :data:`TONE_MIN_PAIRS` pairs are measured. ``outline``: the source's
+    (H, W) float32 face-outline mask when the caller has it (else computed).
     """
     lm = np.asarray(source_lm[:MESH_POINTS], np.float64)
     # Low-passed within the face outline only (nothing of the background counts),
@@ -236,8 +238,9 @@ def side_tone(source_img: np.ndarray, source_lm: np.ndarray, tris: np.ndarray,
     sigma = max(1.0, TONE_SIGMA * eye_px)
     k = min(1.0, TONE_PX_PER_SIGMA / sigma)
     small = (max(1, round(w * k)), max(1, round(h * k)))
-    face = cv2.resize(outline_mask(source_lm, source_img.shape), small,
-                      interpolation=cv2.INTER_AREA)
+    if outline is None:
+        outline = outline_mask(source_lm, source_img.shape)
+    face = cv2.resize(outline, small, interpolation=cv2.INTER_AREA)
     img = cv2.resize(np.asarray(source_img, np.float32), small, interpolation=cv2.INTER_AREA)
     num = cv2.GaussianBlur(img * face[..., None], (0, 0), sigma * k)
     den = cv2.GaussianBlur(face, (0, 0), sigma * k)

@@ -487,12 +487,14 @@ class Pipeline:
         similarity: bool = False,
         mapping: Sequence[FacePair] | None = None,
         target_analysis: Analysis | None = None,
+        target_purpose: Purpose | None = None,
     ) -> FuseOutcome:
         """Decode, analyse (L1), select, fuse, score and encode one request.
 
         ``source``: one image, or several (face mapping: one per person). With
         ``target_analysis`` (a stored template's faces) the target is decoded but not
-        analysed. ``options.evaluate`` is ignored: the only figure a response
+        analysed; ``target_purpose`` overrides the detector purpose the mode implies
+        for the target's analysis. ``options.evaluate`` is ignored: the only figure a response
         carries is the similarity (when ``similarity``).
         """
         plain = dataclasses.replace(options, evaluate=False)
@@ -511,7 +513,7 @@ class Pipeline:
         if target_analysis is None:
             jobs.append(self.analyse(decoded[n][0], decoded[n][1], ctx,
                                      embed=needs.target and not mapping,
-                                     purpose=purposes.target))
+                                     purpose=target_purpose or purposes.target))
         if with_reference:
             jobs.append(self.analyse(decoded[n + 1][0], decoded[n + 1][1], ctx, embed=True,
                                      purpose=purposes.reference))

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from facefuse.errors import DeadlineExceededError, NoFaceError
+from facefuse.faces.detectors import Purpose
 from facefuse.faces.recognizer import cosine_similarity, distance
 from facefuse.faces.types import Face
 from facefuse.serving.cache.keys import result_key, sha256_hex
@@ -163,7 +164,8 @@ def _image_response(
 
 async def serve_fusion(
     request: Request, ctx: RequestContext, req: FuseRequest, target: bytes, key: str,
-    t0: float, *, target_analysis: Analysis | None = None, marks: dict[str, Any] | None = None,
+    t0: float, *, target_analysis: Analysis | None = None,
+    target_purpose: Purpose | None = None, marks: dict[str, Any] | None = None,
     miss_marks: dict[str, Any] | None = None,
 ) -> Response:
     """The fused image of ``req`` into ``target``: from L2 under ``key`` when there, else
@@ -174,6 +176,9 @@ async def serve_fusion(
     Args:
         t0: ``time.perf_counter()`` when the request arrived (the ``total`` timing).
         target_analysis: the target's faces when already known (a stored template).
+        target_purpose: the detector purpose of the target's analysis when it must be
+            computed, instead of the one the request's mode implies (a template whose
+            stored faces are stale is analysed as it was stored: every face).
         marks: access-log fields for every outcome; ``miss_marks``: for a computed one.
     """
     svc = services(request)
@@ -192,7 +197,8 @@ async def serve_fusion(
                                          fmt=req.params.format, quality=req.params.quality,
                                          reference=req.reference, mapping=req.mapping,
                                          similarity=req.params.similarity,
-                                         target_analysis=target_analysis)
+                                         target_analysis=target_analysis,
+                                         target_purpose=target_purpose)
         await svc.l2.put(key, _pack(result))
         return result
 
@@ -225,7 +231,8 @@ async def serve_fusion(
 )
 async def fuse(request: Request) -> Response:
     """Returns the fused image. Headers: ``X-Facefuse-Cache: hit|miss``,
-    ``X-Facefuse-Identity-Similarity`` (cosine, output face vs source face),
+    ``X-Facefuse-Identity-Similarity`` (with ``similarity=true`` only: cosine, output
+    face vs source face),
     ``X-Facefuse-Skipped-Faces`` (mode many or a mapping, when a chosen face could not
     be fused: compact JSON ``[{"index", "box": [x0, y0, x1, y1], "reason"}]``, reason
     a stable code such as ``target_face_too_small``),

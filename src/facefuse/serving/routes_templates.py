@@ -188,7 +188,7 @@ async def fuse_template(request: Request, template: str) -> Response:
     analysis = Analysis(stored.faces, True, stored.width, stored.height) if fresh else None
     return await serve_fusion(
         request, ctx, req, stored.image, key, t0, target_analysis=analysis,
-        marks={"template": stored.id},
+        target_purpose="all", marks={"template": stored.id},
         miss_marks={"template_analysis": "stored" if fresh else "recomputed"})
 
 

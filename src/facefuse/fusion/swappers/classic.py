@@ -243,7 +243,8 @@ class ClassicSwapper:
                 d, m = sym.combine(vis_d * inside, vis_d * sym.sample_field(soft, mx_s, my_s),
                                    uncovered, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m)
-                tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ)
+                tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ,
+                                     outline)
                 mirror_layer *= self._gain_field(tone if gains is None else tone * gains,
                                                  mesh_dst, dst, (w, h))
                 source_layer = sym.mix(source_layer, d, mirror_layer, m)

@@ -11,8 +11,8 @@ graph batch-friendly and gives the tensors stable names:
 * inputs are named ``input`` and outputs get the names below; 4-D ``[N, C, 1, 1]``
   outputs of the face mesh are flattened to ``[N, C]``;
 * every ``PRelu`` with constant per-channel slopes becomes
-  ``Relu(x) + (-slope) · Relu(-x)``, which is exactly equal and runs in about
-  0.6× the time: ONNX Runtime's CPU PRelu is a generic broadcast loop outside its
+  ``Relu(x) + (-slope) · Relu(-x)``, which is exactly equal and runs in
+  0.4–0.57× the time: ONNX Runtime's CPU PRelu is a generic broadcast loop outside its
   blocked (NCHWc) conv layout, so each one costs more than the conv before it
   plus two layout reorders (the face mesh and iris models are mostly PRelu).
 
