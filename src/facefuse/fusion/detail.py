@@ -49,7 +49,7 @@ SPLIT_SIGMA = 1.5
 FINE_SIGMA = 1.0
 #: Share of the mid band's shortfall topped up from the target: that band holds
 #: wrinkles and small features (identity), the finest one only grain and pores.
-MID_TOP_UP = 0.5
+MID_TOP_UP = 1.0
 #: Interpolation of the full-resolution warps: bicubic keeps more of the finest
 #: band than bilinear.
 INTERPOLATION = cv2.INTER_CUBIC

@@ -206,6 +206,8 @@ class ClassicSwapper:
             source_rgb, src_lm, 2 * masks.feather_px(src_lm), src_scale)
         work = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img), tgt_local,
                            dst_local, feather * frame.ratio[0], options)
+        # Large faces: the target's pixels warped at full resolution, the render's
+        # change and the detail band matched to the photo's.
         face, mask, keep = work.face, work.mask, work.keep
         if scale < 1.0:
             face = detail.full_resolution_layer(
@@ -331,6 +333,8 @@ class ClassicSwapper:
                 outline, mask > 0)
         direct = alpha if fill is None else alpha * np.where(keep > 0, d / np.maximum(keep, 1e-6),
                                                                0.0).astype(np.float32)
+        # The detail's energy is the skin's: the features' own edges are left out.
+        skin *= 1.0 - masks.features_mask(dst, frame, feather)
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
                      (mx_s, my_s), valid, direct, skin)
 
