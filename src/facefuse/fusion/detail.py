@@ -202,7 +202,7 @@ def _matched_detail(src_y: np.ndarray, tgt_y: np.ndarray, ref_y: np.ndarray,
     to the energy of the unwarped target ``ref_y`` on ``where``: the warps'
     interpolation softens both warped images, the photo's own grain is the goal."""
     out = np.zeros(src_y.shape, np.float32)
-    lo = (src_y, tgt_y, ref_y)
+    lo: tuple[np.ndarray, ...] = (src_y, tgt_y, ref_y)
     for s, top_up in ((FINE_SIGMA, 1.0), (sigma, MID_TOP_UP)):
         blur = tuple(low_pass(x, s) for x in lo)
         d_src, d_tgt, d_ref = (x - b for x, b in zip(lo, blur, strict=True))

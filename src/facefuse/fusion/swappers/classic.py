@@ -21,10 +21,9 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
-from facefuse.fusion import light
+from facefuse.fusion import detail, light
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
-from facefuse.fusion import detail
 from facefuse.fusion import symmetry as sym
 from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.base import FaceLayer
