@@ -52,7 +52,7 @@ FINE_SIGMA = 1.0
 MID_TOP_UP = 1.0
 #: Interpolation of the full-resolution warps: bicubic keeps more of the finest
 #: band than bilinear.
-INTERPOLATION = cv2.INTER_CUBIC
+INTERPOLATION = cv2.INTER_LINEAR
 #: Fewest measurable skin pixels for the per-face detail gains (else 1 and 0).
 MIN_SKIN_PIXELS = 64
 
@@ -93,9 +93,19 @@ def upsample(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 
 def low_pass(img: np.ndarray, sigma: float) -> np.ndarray:
-    """Gaussian low-pass (σ = ``sigma`` pixels) of an (H, W[, C]) float32 image."""
-    out: np.ndarray = cv2.GaussianBlur(img, (0, 0), sigma, borderType=cv2.BORDER_REFLECT_101)
-    return out
+    """Gaussian low-pass (σ = ``sigma`` pixels) of an (H, W[, C]) float32 image; from
+    σ 2 on, computed at half size (what survives such a blur survives the
+    decimation) and upsampled."""
+    h, w = img.shape[:2]
+    if sigma < 2.0 or min(h, w) < 16:
+        out: np.ndarray = cv2.GaussianBlur(img, (0, 0), sigma,
+                                           borderType=cv2.BORDER_REFLECT_101)
+        return out
+    half = cv2.resize(img, ((w + 1) // 2, (h + 1) // 2), interpolation=cv2.INTER_AREA)
+    # Box decimation by 2 is itself a blur of about σ 0.5 (full pixels).
+    blurred = cv2.GaussianBlur(half, (0, 0), (sigma * sigma - 0.25) ** 0.5 / 2,
+                               borderType=cv2.BORDER_REFLECT_101)
+    return upsample(blurred, (w, h))
 
 
 def _full_grid(size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -139,7 +149,11 @@ def detail_gains(e_src: float, e_tgt: float, e_ref: float) -> tuple[float, float
 
 
 def _energy(band: np.ndarray, where: np.ndarray) -> float:
-    return float(np.mean(np.square(band[where], dtype=np.float64)))
+    """Mean square of ``band`` on ``where``, read on every other row and column (the
+    bands are stationary over the skin: a quarter of the pixels give the same
+    figure to well under 1%)."""
+    sample = band[::2, ::2][where[::2, ::2]]
+    return float(np.dot(sample, sample)) / max(1, sample.size)
 
 
 def full_resolution_layer(
