@@ -153,7 +153,7 @@ def _energy(band: np.ndarray, where: np.ndarray) -> float:
     bands are stationary over the skin: a quarter of the pixels give the same
     figure to well under 1%)."""
     sample = band[::2, ::2][where[::2, ::2]]
-    return float(np.dot(sample, sample)) / max(1, sample.size)
+    return float(np.dot(sample, sample)) / float(max(1, sample.size))
 
 
 def full_resolution_layer(
