@@ -209,9 +209,13 @@ class ClassicSwapper:
         # change and the detail band matched to the photo's.
         face, mask, keep = work.face, work.mask, work.keep
         if scale < 1.0:
+            # The detail's energy is the skin's: the features' own edges are left out.
+            h, w = tgt_img.shape[:2]
+            skin = work.skin * (1.0 - masks.features_mask(dst_local, (0, 0, w, h),
+                                                          feather * frame.ratio[0]))
             face = detail.full_resolution_layer(
                 frame, work.target_maps, src_crop, work.source_maps, work.valid, work.face,
-                work.target_layer, work.direct, work.skin)
+                work.target_layer, work.direct, skin)
             mask = cv2.resize(mask, frame.size, interpolation=cv2.INTER_LINEAR)
         if keep is not None:
             # At full size the occluder's outline is re-drawn crisp (one pixel of
@@ -332,8 +336,6 @@ class ClassicSwapper:
                 outline, mask > 0)
         direct = alpha if fill is None else alpha * np.where(keep > 0, d / np.maximum(keep, 1e-6),
                                                                0.0).astype(np.float32)
-        # The detail's energy is the skin's: the features' own edges are left out.
-        skin *= 1.0 - masks.features_mask(dst, frame, feather)
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
                      (mx_s, my_s), valid, direct, skin)
 
