@@ -93,10 +93,11 @@ def test_degree_100_skin_is_as_detailed_as_the_photo(
 def test_a_textured_target_keeps_its_texture(
         fuser: FaceFuser, pair: tuple[np.ndarray, Face, np.ndarray, list[Face]]) -> None:
     """Fine texture added to the target's skin (pores: 1-2 px specks) is carried to
-    the fused face at the target's energy, whatever the source has."""
+    the fused face: its finest band at the target's energy whatever the source has
+    (the coarser part of the specks lies in the band that is the source's)."""
     src, sf, tgt, tf = pair
     rng = np.random.default_rng(7)
-    specks = cv2.GaussianBlur(rng.standard_normal(tgt.shape[:2]).astype(np.float32), (0, 0), 0.7)
+    specks = cv2.GaussianBlur(rng.standard_normal(tgt.shape[:2]).astype(np.float32), (0, 0), 0.5)
     textured = np.clip(tgt.astype(np.float32) + 40.0 * specks[..., None], 0, 255).astype(np.uint8)
     skin = _skin(textured, tf[0])
     plain = fuser.fuse_faces(src, sf, tgt, tf, [0], FuseOptions(degree=100)).image
@@ -104,5 +105,49 @@ def test_a_textured_target_keeps_its_texture(
     e_textured, e_plain = _band_energy(textured, skin), _band_energy(tgt, skin)
     assert e_textured > 2 * e_plain  # the texture dominates the band
     ratio = _band_energy(out, skin) / e_textured
-    assert ratio >= 0.7, ratio
+    assert ratio >= 0.55, ratio
     assert _band_energy(out, skin) > 1.5 * _band_energy(plain, skin)
+
+
+def _with_highlight(image: np.ndarray, face: Face, point: int) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` with a specular highlight (a white Gaussian spot, σ 0.05 eye distances)
+    on mesh point ``point``, and the spot's weight (H, W)."""
+    from facefuse.fusion.geometry import eye_distance
+
+    assert face.landmarks is not None
+    h, w = image.shape[:2]
+    x, y = face.landmarks[point, :2]
+    sigma = 0.05 * eye_distance(face.landmarks)
+    yy, xx = np.mgrid[0:h, 0:w]
+    spot = np.exp(-((xx - x) ** 2 + (yy - y) ** 2) / (2 * sigma**2)).astype(np.float32)
+    out = image.astype(np.float32) + spot[..., None] * (250.0 - image.astype(np.float32))
+    return np.clip(out, 0, 255).astype(np.uint8), spot
+
+
+def test_a_source_highlight_is_not_carried(
+        fuser: FaceFuser, pair: tuple[np.ndarray, Face, np.ndarray, list[Face]]) -> None:
+    from facefuse.faces import topology as topo
+
+    src, sf, tgt, tf = pair
+    shiny, _ = _with_highlight(src, sf, topo.NOSE_TIP)
+    assert tf[0].landmarks is not None
+    _, where = _with_highlight(tgt, tf[0], topo.NOSE_TIP)
+    spot = where > 0.5
+    plain = fuser.fuse_faces(src, sf, tgt, tf, [0], FuseOptions()).image
+    out = fuser.fuse_faces(shiny, sf, tgt, tf, [0], FuseOptions()).image
+    lifted = float(out[spot].mean() - plain[spot].mean())
+    unsuppressed = fuser.fuse_faces(shiny, sf, tgt, tf, [0], FuseOptions(relight=False)).image
+    carried = float(unsuppressed[spot].mean() - plain[spot].mean())
+    assert lifted < 0.3 * carried, (lifted, carried)
+
+
+def test_the_targets_own_highlight_stays(
+        fuser: FaceFuser, pair: tuple[np.ndarray, Face, np.ndarray, list[Face]]) -> None:
+    from facefuse.faces import topology as topo
+
+    src, sf, tgt, tf = pair
+    shiny, where = _with_highlight(tgt, tf[0], topo.NOSE_TIP)
+    spot = where > 0.5
+    out = fuser.fuse_faces(src, sf, shiny, tf, [0], FuseOptions()).image
+    spot = where > 0.8  # its core: the fringe is the skin's, and fused
+    assert float(np.abs(out[spot].astype(np.float32) - shiny[spot]).mean()) < 15.0

@@ -48,8 +48,10 @@ SPLIT_SIGMA = 1.5
 #: (full-resolution pixels).
 FINE_SIGMA = 1.0
 #: Share of the mid band's shortfall topped up from the target: that band holds
-#: wrinkles and small features (identity), the finest one only grain and pores.
-MID_TOP_UP = 1.0
+#: wrinkles and small features (identity: topping it up fully raised the
+#: recogniser's similarity of the output to the target by up to 0.04 on the
+#: samples), the finest one only grain and pores.
+MID_TOP_UP = 0.0
 #: Interpolation of the full-resolution warps: bicubic keeps more of the finest
 #: band than bilinear.
 INTERPOLATION = cv2.INTER_LINEAR

@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
-from facefuse.fusion import detail, light
+from facefuse.fusion import detail, light, specular
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion import symmetry as sym
@@ -54,6 +54,9 @@ SOURCE_OCCLUDER_EYE_PX = 64.0
 RELIGHT_STRENGTH = 1.0
 
 
+#: The source's working eye distance over the target's (at most the working one).
+SOURCE_OVERSAMPLE = 1.25
+
 #: Faces whose outer eye corners are further apart than this (pixels) are
 #: rendered at a reduced working resolution and the layer upsampled: the cost then
 #: stops growing with face size, and the recogniser's own chip is 150 px anyway.
@@ -81,6 +84,22 @@ def _crop_scaled(
         return crop, full, pts
     small = cv2.resize(full, crop.small, interpolation=cv2.INTER_AREA)
     return crop, np.ascontiguousarray(small), _to_working(pts, crop)
+
+
+def _without_highlights(crop: detail.Scaled, small: np.ndarray, landmarks: np.ndarray
+                        ) -> tuple[detail.Scaled, np.ndarray]:
+    """The source crop and its working copy with the skin's specular highlights
+    taken out (:mod:`facefuse.fusion.specular`), found at the working scale and
+    applied at both."""
+    small, weight, mean = specular.suppress(small, landmarks)
+    if mean is None:
+        return crop, small
+    if crop.small != crop.size:
+        full = specular.apply(crop.full, detail.upsample(weight, crop.size),
+                              detail.upsample(mean, crop.size))
+    else:
+        full = small
+    return detail.Scaled(full, crop.small), small
 
 
 def _to_working(points: np.ndarray, crop: detail.Scaled) -> np.ndarray:
@@ -200,9 +219,15 @@ class ClassicSwapper:
         origin = np.array([x0, y0, 0.0])
         tgt_local = _to_working(tgt_lm - origin, frame)
         dst_local = _to_working(dst - origin, frame)
-        src_scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(src_lm)))
+        # The source is read at about the target face's working resolution (a
+        # little finer, for the parts a turned target stretches): a much finer source
+        # squeezed by the warp would alias into a texture sharper than the photo's.
+        src_eye = min(self.work_eye_px, SOURCE_OVERSAMPLE * eye_distance(tgt_lm) * scale)
+        src_scale = min(1.0, src_eye / max(1.0, eye_distance(src_lm)))
         src_crop, src_img, src_local = _crop_scaled(
             source_rgb, src_lm, 2 * masks.feather_px(src_lm), src_scale)
+        if options.relight and options.texture_weight > 0.0:
+            src_crop, src_img = _without_highlights(src_crop, src_img, src_local)
         work = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img), tgt_local,
                            dst_local, feather * frame.ratio[0], options)
         # Large faces: the target's pixels warped at full resolution, the render's
@@ -324,6 +349,9 @@ class ClassicSwapper:
             # and inner lips into a closed mouth. The target's closed lips stay.
             alpha *= 1.0 - SOURCE_OPEN_LIPS_KEEP * masks.lips_mask(dst, frame, feather)
         alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, frame, feather)
+        if relight:
+            # The target's own highlights are the scene's light on its face: kept.
+            alpha *= 1.0 - specular.highlights(target_layer, dst)
         # target + alpha * (source - target), in place.
         source_layer -= target_layer
         source_layer *= alpha[..., None]
