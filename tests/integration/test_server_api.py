@@ -302,6 +302,7 @@ def _no_face_jpeg() -> bytes:
         ("form_urlencoded", 415, "unsupported_media_type"),
         ("target_index_out_of_range", 422, "face_index_out_of_range"),
         ("reference_mode_without_reference", 422, "reference_required"),
+        ("many_mode_with_a_face_index", 422, "options_conflict"),
         ("body_over_limit", 413, "body_too_large"),
         ("chunked_body_over_limit", 413, "body_too_large"),
     ],
@@ -344,6 +345,8 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
         data["target_face_index"] = "7"
     elif case == "reference_mode_without_reference":
         data["mode"] = "reference"
+    elif case == "many_mode_with_a_face_index":
+        data.update(mode="many", target_face_index="0")
     elif case.startswith("json_") or case == "form_urlencoded":
         b64 = base64.b64encode(photos["obama"]).decode()
         content = {

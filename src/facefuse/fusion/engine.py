@@ -9,7 +9,7 @@ face(s). Only each face's bounding region is ever rewritten.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,7 +84,7 @@ class FaceFuser:
         options: FuseOptions | None = None,
         *,
         reference: ImageInput | None = None,
-        mapping: Sequence[FacePair | dict[str, Any]] | None = None,
+        mapping: Sequence[FacePair | Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> FusionResult:
         """Fuse the source identity into ``target``.
