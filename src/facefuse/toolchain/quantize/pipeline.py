@@ -34,7 +34,7 @@ from typing import Any
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError, QuantizationGateError
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.faces.detector import FaceDetector
+from facefuse.faces.blazeface import BlazeFaceDetector
 from facefuse.runtime.manifest import Manifest, ModelSpec
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.host import describe_line
@@ -256,7 +256,7 @@ class Quantizer:
         analyser = FaceAnalyser(self.ref_settings, self.registry)
         extra = {}
         if "blazeface_short" in self.options.models:
-            extra["blazeface_short"] = FaceDetector(
+            extra["blazeface_short"] = BlazeFaceDetector(
                 self.registry.get("blazeface_short"), variant="short",
                 score_threshold=self.settings.det_score_threshold,
                 nms_iou=self.settings.det_nms_iou)
