@@ -36,6 +36,12 @@ hypothesis_settings.load_profile(
 )
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """``pytest.mark.anyio`` tests run on asyncio (the server's loop), not trio."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def settings() -> Settings:
     # FP32 pinned: a zoo quantized by hand under FACEFUSE_HOME must not change what

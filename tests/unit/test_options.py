@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ def test_the_http_schema_is_the_declaration() -> None:
         num = next((b for b in prop.get("anyOf", [prop]) if b.get("type") != "null"), prop)
         assert num.get("minimum") == spec.low and num.get("maximum") == spec.high, f.name
     # the parameters' defaults are the options' defaults
-    assert FuseParams().options() == FuseOptions()
+    assert FuseParams.model_validate({}).options() == FuseOptions()
 
 
 def test_every_http_option_reaches_the_fusion_options() -> None:
@@ -44,8 +45,8 @@ def test_every_http_option_reaches_the_fusion_options() -> None:
                "keep_target_occluders": False, "symmetric_fill": False,
                "min_face_size": 60.0}
     assert set(changed) | {"target_face_index"} == {f.name for f, s in option_specs() if s.http}
-    assert FuseParams(**changed).options() == FuseOptions(**changed)  # type: ignore[arg-type]
-    assert FuseParams(target_face_index=2).options().target_face_index == 2
+    assert FuseParams.model_validate(changed).options() == FuseOptions(**changed)  # type: ignore[arg-type]
+    assert FuseParams.model_validate({"target_face_index": 2}).options().target_face_index == 2
 
 
 def test_the_cli_flags_are_the_declaration() -> None:
@@ -80,7 +81,8 @@ def test_bad_and_contradictory_options_are_typed_errors(bad: dict[str, object],
 
 
 def test_numpy_numbers_are_numbers() -> None:
-    assert FuseOptions(degree=np.float32(50), target_face_index=np.int64(1)).degree == 50
+    numpy_values: dict[str, Any] = {"degree": np.float32(50), "target_face_index": np.int64(1)}
+    assert FuseOptions(**numpy_values).degree == 50
 
 
 # --- the front door -------------------------------------------------------------------
@@ -103,7 +105,7 @@ def test_fuse_takes_a_reference(settings: Settings, sample_paths: dict[str, Path
     for kw in ({"mode": "many"}, {"mapping": [{"source": 0, "target": 0}]}):
         with pytest.raises(InvalidArgumentError) as exc:
             facefuse.fuse(sample_paths["astronaut"], group, reference=sample_paths["obama"],
-                          settings=settings, **kw)  # type: ignore[arg-type]
+                          settings=settings, **kw)
         assert exc.value.code == "options_conflict"
     with pytest.raises(InvalidArgumentError) as exc:
         facefuse.fuse(sample_paths["astronaut"], group, settings=settings, degre=50)

@@ -32,11 +32,6 @@ from facefuse.serving.pipeline import Analysis, Pipeline, RequestContext
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @asynccontextmanager
 async def running(settings: Settings, registry: ModelRegistry) -> AsyncIterator[Pipeline]:
     pipeline = Pipeline(settings, registry)
