@@ -370,7 +370,6 @@ def delaunay(points: npt.ArrayLike, rect: Region | None = None) -> I32:
     result = result[np.abs(cross) > _MIN_AREA2]
     flip = cross[np.abs(cross) > _MIN_AREA2] < 0
     result[flip] = result[flip][:, [0, 2, 1]]
-    # The finite super-triangle also drops hull slivers thinner than ~L²/(8·margin)
-    # for a hull edge of length L: put them back (see facefuse.imaging.hull).
+    # Hull slivers the finite super-triangle dropped go back (facefuse.imaging.hull).
     out: I32 = complete_to_hull(pts, result.astype(np.int32), np.sort(first))
     return out
