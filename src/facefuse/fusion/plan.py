@@ -14,7 +14,7 @@ yields             the driver does                                  and sends ba
 =================  ===============================================  ====================
 :class:`Analyse`   analyses each :class:`ImageJob`'s image           faces per job,
                    (embeddings and detector purpose as given)       largest first
-:class:`Render`    :meth:`FaceFuser.fuse_mapped` on its fields      the FusionResult
+:class:`Render`    ``FaceFuser.fuse_mapped`` on its fields           the FusionResult
 :class:`RunStage`  drives the analysis stage it carries             the stage's value
 =================  ===============================================  ====================
 
@@ -115,7 +115,8 @@ class Analyse:
 
 @dataclass(frozen=True)
 class Render:
-    """Render the pairs (:meth:`FaceFuser.fuse_mapped`); answer with its FusionResult."""
+    """Render the pairs (:meth:`~facefuse.fusion.engine.FaceFuser.fuse_mapped`); answer
+    with its FusionResult."""
 
     sources_rgb: tuple[np.ndarray, ...]
     pairs: tuple[MappedFace, ...]

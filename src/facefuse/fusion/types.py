@@ -241,7 +241,7 @@ class FusionResult:
 
     @property
     def quality(self) -> dict[str, float]:
-        """Quality of the first fused face (see :func:`facefuse.fusion.quality.evaluate`)."""
+        """Quality of the first fused face (see :func:`facefuse.fusion.plan.quality`)."""
         return self.fused[0].quality if self.fused else {}
 
     def report(self) -> dict[str, object]:

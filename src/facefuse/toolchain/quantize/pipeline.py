@@ -15,7 +15,7 @@
 5. Only variants that passed every gate are written into the manifest as
    ``<model>.int8`` / ``<model>.fp16``; a failure leaves the manifest as it was
    for that model and :meth:`QuantizeOutcome.raise_for_failures` raises
-   :class:`~facefuse.toolchain.quantize.gate.QuantizationGateError` with the figures.
+   :class:`~facefuse.errors.QuantizationGateError` with the figures.
 """
 
 from __future__ import annotations
