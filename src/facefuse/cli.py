@@ -18,6 +18,21 @@ from typing import Any
 from facefuse.config import Settings
 from facefuse.errors import FacefuseError
 
+#: ``facefuse --help``'s text (plain: argparse prints it as it is).
+DESCRIPTION = "Analyse faces, fuse a face into photos, build the models and run the HTTP API."
+EPILOG = """\
+exit codes:
+  0  success
+  1  a batch finished with failed images, or an internal error (rerun with -v)
+  2  usage: a bad option, argument or key
+  3  bad input image (empty, corrupt, unsupported, too large or too small)
+  4  face problem (no face, too small, in profile, index out of range)
+  5  model problem (missing or corrupt model file)
+  6  build or fetch problem (download, checksum, conversion, quantization gate)
+  7  service problem (overloaded, deadline exceeded)
+Every deliberate failure prints 'error[<code>]: <message>' on stderr.
+"""
+
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
@@ -265,7 +280,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one flat declaration of every subcommand and its options
     (long, but a list, so it reads best in one place)."""
-    p = argparse.ArgumentParser(prog="facefuse", description=__doc__)
+    p = argparse.ArgumentParser(prog="facefuse", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log progress")
     sub = p.add_subparsers(dest="command", required=True)
 
