@@ -296,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--only", nargs="*", help="build only these models")
     b.add_argument("--force", action="store_true", help="rebuild even if up to date")
     b.set_defaults(func=cmd_models_build)
-    ls = msub.add_parser("list", help="models, precision variants and the active one")
+    ls = msub.add_parser("list", help="every model on disk, its precision variants and the "
+                         "active one (GET /v1/models lists those a server loaded)")
     common(ls)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_models_list)

@@ -34,3 +34,12 @@ def test_epilog_documents_every_exit_code_of_the_errors() -> None:
     assert codes - {1} <= listed, sorted(codes - listed)
     assert listed == set(range(0, 8))
     assert EPILOG in build_parser().format_help()
+
+
+def test_readme_exit_code_table_is_the_help_epilog() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = dict(re.findall(r"^\| (\d) \| (.+?) \|$", readme, re.M))
+    epilog = dict(re.findall(r"^  (\d)  (.+)$", EPILOG, re.M))
+    assert {k: v.replace("`", "") for k, v in table.items()} == epilog
