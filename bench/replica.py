@@ -10,7 +10,9 @@ The server gets exactly the ``FACEFUSE_*`` settings of deploy/k8s/base/configmap
   bytecode and cannot write any).
 * **Memory**: RSS at readiness, then VmHWM (the peak since start: what the memory
   limit must hold) after closed-loop ``POST /v1/fuse`` of distinct ~900 px portraits at
-  1, 8 and 32 clients, then of distinct 12 MP photos at 8 clients.
+  1, 8 and 32 clients, then of distinct 12 MP photos at 8 clients; with the memory
+  budget the pod's limit gives the server (90 % of 768 MiB, read from the cgroup in
+  the pod; set explicitly here).
 
 Writes bench/results/replica.json and prints a markdown table (docs/deploy.md quotes
 it). On a shared machine the start times are upper bounds.
@@ -36,6 +38,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
+from facefuse.serving.budget import CGROUP_SHARE
 from memory import status_mb
 from report import ROOT, machine, machine_line, write_json
 from serve import Inputs, Pool, free_port, run, server
@@ -46,9 +49,11 @@ LIMIT_MIB = 768
 
 
 def pod_settings() -> dict[str, str]:
-    """The base ConfigMap's settings, less the in-image model directory."""
+    """The base ConfigMap's settings, less the in-image model directory, plus the
+    memory budget the pod's cgroup limit gives (no limit here to read it from)."""
     data = dict(yaml.safe_load(CONFIGMAP.read_text())["data"])
     data.pop("FACEFUSE_MODELS_DIR", None)
+    data["FACEFUSE_MEMORY_BUDGET_MB"] = str(int(LIMIT_MIB * CGROUP_SHARE))
     return {k: str(v) for k, v in data.items()}
 
 
@@ -80,6 +85,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--starts", type=int, default=3, help="cold starts of each kind")
     ap.add_argument("--duration", type=float, default=6.0, help="seconds per load level")
+    ap.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the load levels (--no-memory: cold starts only)")
     args = ap.parse_args()
     env = pod_settings()
     log = Path(tempfile.gettempdir()) / "facefuse-bench-replica.log"
@@ -90,6 +97,20 @@ def main() -> None:
             starts["no_bytecode"].append(cold_start(
                 {**env, "PYTHONPYCACHEPREFIX": empty, "PYTHONDONTWRITEBYTECODE": "1"}, log))
 
+    ready: dict[str, int] = {}
+    levels: list[dict[str, Any]] = []
+    if args.memory:
+        ready, levels = memory(env, log, args.duration)
+    result = {"machine": machine(), "load1": Path("/proc/loadavg").read_text().split()[0],
+              "settings": env, "starts": starts, "ready": ready,
+              "levels": levels, "limit_mib": LIMIT_MIB, "command": " ".join(sys.argv)}
+    write_json("replica" if args.memory and args.starts else "replica-partial", result)
+    print(report(result))
+
+
+def memory(env: dict[str, str], log: Path, duration: float
+           ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """RSS at readiness, and one row per load level (see the module docstring)."""
     settings = Settings.from_env()
     small, large = Pool(Inputs(settings)), Pool(Inputs(settings, seed=1, megapixels=12.0))
     large.best_rps = 2.0  # a 12 MP fusion takes seconds: make fewer of them
@@ -98,16 +119,13 @@ def main() -> None:
         ready = status_mb(srv.proc.pid)
         for label, pool, clients in (("900 px", small, 1), ("900 px", small, 8),
                                      ("900 px", small, 32), ("12 MP", large, 8)):
-            row = run(srv, "replica", pool, "/v1/fuse", clients, args.duration)
+            row = run(srv, "replica", pool, "/v1/fuse", clients, duration)
             levels.append({"images": label, "clients": clients,
                            "rps": row["throughput_rps"], "p95_ms": row["p95_ms"],
                            "statuses": row["statuses"],
                            "vmhwm_mib": status_mb(srv.proc.pid)["VmHWM"],
                            "rss_mib": status_mb(srv.proc.pid)["VmRSS"]})
-    result = {"machine": machine(), "settings": env, "starts": starts, "ready": ready,
-              "levels": levels, "limit_mib": LIMIT_MIB, "command": " ".join(sys.argv)}
-    write_json("replica", result)
-    print(report(result))
+    return ready, levels
 
 
 def report(r: dict[str, Any]) -> str:
@@ -116,14 +134,17 @@ def report(r: dict[str, Any]) -> str:
         return (f"{statistics.median(secs):.1f} s (runs: "
                 + ", ".join(f"{s:.1f}" for s in secs) + ")")
 
-    lines = [f"Machine: {machine_line(r['machine'])}", "",
-             "| cold start to /readyz 200 | median |", "|---|---|",
-             f"| bytecode cached (venv) | {med('bytecode')} |",
-             f"| no bytecode (as the slim image) | {med('no_bytecode')} |", "",
-             f"RSS at readiness: {r['ready']['VmRSS']} MiB "
-             f"(anonymous {r['ready']['RssAnon']}, file-backed {r['ready']['RssFile']}).", "",
-             "| load (distinct images) | req/s | p95 ms | statuses | peak RSS (VmHWM) | "
-             f"of the {r['limit_mib']} MiB limit |", "|---|---|---|---|---|---|"]
+    lines = [f"{machine_line(r['machine'])} Load average {r['load1']}.", ""]
+    if r["starts"]["bytecode"]:
+        lines += ["| cold start to /readyz 200 | median |", "|---|---|",
+                  f"| bytecode cached (venv) | {med('bytecode')} |",
+                  f"| no bytecode (as the slim image) | {med('no_bytecode')} |", ""]
+    if not r["levels"]:
+        return "\n".join(lines)
+    lines += [f"RSS at readiness: {r['ready']['VmRSS']} MiB "
+              f"(anonymous {r['ready']['RssAnon']}, file-backed {r['ready']['RssFile']}).", "",
+              "| load (distinct images) | req/s | p95 ms | statuses | peak RSS (VmHWM) | "
+              f"of the {r['limit_mib']} MiB limit |", "|---|---|---|---|---|---|"]
     for lv in r["levels"]:
         lines.append(f"| {lv['clients']} clients, {lv['images']} | {lv['rps']} | {lv['p95_ms']} "
                      f"| {lv['statuses']} | {lv['vmhwm_mib']} MiB | "
