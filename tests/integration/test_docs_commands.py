@@ -219,7 +219,7 @@ def test_example_runs_as_written(example: Example, workdir: Path, doc_home: Path
             else [sys.executable, "-c", code])
     before = _files(workdir)
     proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=3600 if example.kind == "slow" else 600)
     assert proc.returncode == 0, (f"{example.id} exited {proc.returncode}:\n"
                                   f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     _check_outputs(before, _files(workdir), example.id)
