@@ -20,6 +20,20 @@ from facefuse.errors import FacefuseError
 
 if TYPE_CHECKING:
     from facefuse.fusion.types import FuseOptions
+#: ``facefuse --help``'s text (plain: argparse prints it as it is).
+DESCRIPTION = "Analyse faces, fuse a face into photos, build the models and run the HTTP API."
+EPILOG = """\
+exit codes:
+  0  success
+  1  a batch finished with failed images, or an internal error (rerun with -v)
+  2  usage: a bad option, argument or key
+  3  bad input image (empty, corrupt, unsupported, too large or too small)
+  4  face problem (no face, too small, in profile, index out of range)
+  5  model problem (missing or corrupt model file)
+  6  build or fetch problem (download, checksum, conversion, quantization gate)
+  7  service problem (overloaded, deadline exceeded)
+Every deliberate failure prints 'error[<code>]: <message>' on stderr.
+"""
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -302,7 +316,8 @@ def _add_models_parser(sub: Any) -> None:
     b.add_argument("--only", nargs="*", help="build only these models")
     b.add_argument("--force", action="store_true", help="rebuild even if up to date")
     b.set_defaults(func=cmd_models_build)
-    ls = msub.add_parser("list", help="models, precision variants and the active one")
+    ls = msub.add_parser("list", help="every model on disk, its precision variants and the "
+                         "active one (GET /v1/models lists those a server loaded)")
     _common(ls)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_models_list)
@@ -376,7 +391,8 @@ def _add_fuse_parser(sub: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand and its options."""
-    p = argparse.ArgumentParser(prog="facefuse", description=__doc__)
+    p = argparse.ArgumentParser(prog="facefuse", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log progress")
     sub = p.add_subparsers(dest="command", required=True)
     _add_models_parser(sub)

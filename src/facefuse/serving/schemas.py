@@ -26,7 +26,7 @@ __all__ = [
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _option_fields() -> dict[str, Any]:
