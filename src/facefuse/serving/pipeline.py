@@ -62,7 +62,7 @@ from facefuse.runtime.registry import ModelRegistry
 from facefuse.runtime.warmup import warm_up
 from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher
 from facefuse.serving.budget import BYTES_PER_PIXEL, MemoryBudget, budget_bytes
-from facefuse.serving.cache.keys import analysis_key, pixels_sha256
+from facefuse.serving.cache.keys import analysis_key, sha256_hex
 from facefuse.serving.cache.lru import ByteLRU
 
 __all__ = [
@@ -381,7 +381,7 @@ class Pipeline:
     # --- decode ------------------------------------------------------------------------
 
     async def decode(self, data: bytes, ctx: RequestContext) -> tuple[np.ndarray, str]:
-        """Encoded bytes → (RGB uint8 (H, W, 3), L1 image digest).
+        """Encoded bytes → (RGB uint8 (H, W, 3), L1 image digest: SHA-256 of the bytes).
 
         The header is checked on the loop first (cheap); decoding and hashing run in
         the CPU pool.
@@ -393,10 +393,12 @@ class Pipeline:
         return rgb, digest
 
     def _decode_and_digest(self, data: bytes) -> tuple[np.ndarray, str]:
-        # Keyed by the exact pixels only: identity values (embeddings, similarity)
-        # must never be shared between two different images, however alike.
+        # Keyed by the exact file: identity values (embeddings, similarity) must never
+        # be shared between two different images, however alike. The same bytes decode
+        # to the same pixels, and hashing a 2 MP JPEG's ~300 KB instead of its 6 MB of
+        # pixels saves ~6 ms of CPU per image.
         rgb = decode_image(data, self.limits)
-        return rgb, pixels_sha256(rgb)
+        return rgb, sha256_hex(data)
 
     # --- driving a stage ---------------------------------------------------------------
 
