@@ -28,6 +28,9 @@ rm -f "$SITE"/onnxruntime/capi/libonnxruntime.so*
 # The project's own offline toolchain (model build and quantization) has no runtime use.
 rm -rf "$SITE/facefuse/models/build" "$SITE/facefuse/models/quantize" \
     "$SITE/facefuse/toolchain"
+# Pillow's AVIF codec (its plugin degrades to "not supported" without it): the decoder
+# accepts JPEG, PNG and WebP only. Its Tk bridge has no use in a server.
+rm -f "$SITE"/PIL/_avif.*.so "$SITE"/pillow.libs/libavif-*.so* "$SITE"/PIL/_imagingtk.*.so
 # OpenCV's Haar cascades and the numpy/PIL test suites; C headers.
 rm -rf "$SITE/cv2/data" "$SITE/numpy/_core/tests" "$SITE/numpy/tests" \
     "$SITE"/numpy/*/tests "$SITE/numpy/_core/include" "$SITE/numpy/f2py" \
