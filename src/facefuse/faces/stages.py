@@ -172,9 +172,9 @@ class FaceModels:
     @classmethod
     def from_registry(cls, settings: Settings, registry: ModelRegistry) -> FaceModels:
         """The models ``settings`` choose, loaded (and verified) through ``registry``.
-        Every detector in use is loaded now: YuNet's warm session adds under 1 MB of RSS
-        beside BlazeFace's, less than a lazy load would cost the first every-face
-        request (session build, first-shape runs outside the warm-up). Age and gender
+        Every detector in use is loaded now: YuNet's session adds 0.1 MB of RSS beside
+        the others (its ~13 MB of activations come with its first every-face request,
+        loaded early or late), less than a lazy load would cost that request. Age and gender
         are only chosen here (:meth:`ModelRegistry.entry`): ~16 MB of RSS that a server
         not asked for attributes never loads."""
         iris = registry.get("iris") if registry.has("iris") else None

@@ -56,7 +56,7 @@ from facefuse.fusion.types import FuseOptions, SkippedFace
 from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
 from facefuse.imaging.encode import content_type
 from facefuse.imaging.output import OutputPolicy
-from facefuse.runtime.batch_policy import batch_policy, warm_batch_sizes
+from facefuse.runtime.batch_policy import batch_policy
 from facefuse.runtime.providers import device_of
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.runtime.warmup import warm_up
@@ -277,10 +277,11 @@ class Pipeline:
         return self._versions
 
     def warmup(self) -> None:
-        """Run each batched model on zeros at the batch sizes the batcher forms
-        (1, 8 and the largest): first ORT runs of a shape are slow, and on a GPU
-        each new shape may build kernels or a TensorRT engine. Blocking."""
-        sizes = warm_batch_sizes(self.policy.max_batch_size if self.settings.batching else 1)
+        """Run each batched model on zeros at the policy's warm sizes
+        (:meth:`~facefuse.runtime.batch_policy.BatchPolicy.warm_sizes`: on a GPU every
+        size the batcher forms, each new shape may build kernels or a TensorRT engine;
+        on the CPU batch 1). Blocking."""
+        sizes = self.policy.warm_sizes(self.settings.batching)
         for name in self.model_names:
             warm_up(self.registry.get(name), sizes)
 
