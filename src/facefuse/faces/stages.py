@@ -172,9 +172,11 @@ class FaceModels:
     @classmethod
     def from_registry(cls, settings: Settings, registry: ModelRegistry) -> FaceModels:
         """The models ``settings`` choose, loaded (and verified) through ``registry``.
-        Every detector in use is loaded now: YuNet's session adds 0.1 MB of RSS beside
-        the others (its ~13 MB of activations come with its first every-face request,
-        loaded early or late), less than a lazy load would cost that request. Age and gender
+        Every detector in use is loaded now: YuNet's session adds 0.1 MB of RSS when
+        loaded after the others (13 MB in a fresh process, BENCHMARKS.md
+        "detector_policy"), and its activations come with its first every-face request
+        whether it is loaded early or late: a lazy load would save little and cost that
+        request the session build. Age and gender
         are only chosen here (:meth:`ModelRegistry.entry`): ~16 MB of RSS that a server
         not asked for attributes never loads."""
         iris = registry.get("iris") if registry.has("iris") else None
