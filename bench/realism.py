@@ -302,7 +302,7 @@ def report(rows: list[dict[str, Any]], cost: dict[str, dict[float, list[float]]]
            machine_line: Any, write_json: Any, write_section: Any) -> None:
     goal = [r for r in rows if r["size_ratio"] >= 0.8]
     lines = [
-        f"Machine: {machine_line(m)}. Base {base} against this checkout, each in its own "
+        f"{machine_line(m)} Base {base} against this checkout, each in its own "
         f"worker process, {len(rows)} pair × variant rows ({len(goal)} with the source face "
         f"≥ 0.8× the target's), native sizes (0.3-3.3 MP), {seconds:.0f} s.",
         "Command: `.venv/bin/python bench/realism.py --base " + base + "`.",

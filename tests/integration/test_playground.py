@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from server_harness import GRACEFUL_EXIT, USER_TOKEN, ServerProcess
+from server_harness import USER_TOKEN, ServerProcess, graceful
 
 from facefuse.config import Settings
 from facefuse.imaging.decode import decode_image
@@ -41,9 +41,8 @@ def server(settings: Settings, model_dir: Path,
         "FACEFUSE_API_KEYS": f"tests:{USER_TOKEN}",
         "FACEFUSE_TEMPLATES_DIR": str(tmp_path_factory.mktemp("templates")),
     }, name="playground")
-    proc.start()
-    yield proc
-    assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
+    with graceful(proc):
+        yield proc
 
 
 @pytest.fixture

@@ -20,12 +20,6 @@ from facefuse.serving.cache.keys import (
 from facefuse.serving.cache.lru import ByteLRU
 from facefuse.serving.cache.results import CachedResult, InProcessResultCache, ResultCache
 
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- ByteLRU --------------------------------------------------------------------------------
 
 

@@ -109,7 +109,6 @@ def test_mode_one_runs_blazeface(auto_fuser: FaceFuser, sample_images: dict[str,
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_l1_keeps_each_detectors_analysis_apart(
         auto: Settings, registry: ModelRegistry, group: Case) -> None:
     pipeline = Pipeline(auto, registry)
@@ -140,7 +139,6 @@ async def test_l1_keeps_each_detectors_analysis_apart(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_target_purpose_overrides_the_one_the_mode_implies(
         auto: Settings, registry: ModelRegistry, group: Case,
         sample_paths: dict[str, Path]) -> None:

@@ -11,8 +11,8 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import mask as masks
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.occlusion import occluder_mask
-from facefuse.fusion.quality import face_outline_mask
 from facefuse.fusion.types import FuseOptions
+from facefuse.toolchain.measures import face_outline_mask
 from facefuse.toolchain.synthetic import OccluderKind, paste_occluder
 from facefuse.toolchain.trials import (
     AFTER,

@@ -42,7 +42,7 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.faces.attributes import attribute_chip, read_age, read_gender
-from facefuse.faces.detector import Letterbox
+from facefuse.faces.detector_base import Letterbox
 from facefuse.faces.detectors import (
     PURPOSES,
     Detector,

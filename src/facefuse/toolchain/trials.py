@@ -27,13 +27,13 @@ import numpy as np
 
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.quality import (
+from facefuse.fusion.types import FuseOptions
+from facefuse.toolchain.measures import (
     face_outline_mask,
     gradient_slope,
     occluder_leak,
     occluder_survival,
 )
-from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.synthetic import OccluderKind, paste_occluder, relight_gradient
 
 #: The engine without relighting, occluder masks and the symmetric fill: the
