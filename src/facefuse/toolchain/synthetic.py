@@ -161,7 +161,8 @@ def facial_hair_alpha(lm: np.ndarray, shape: tuple[int, int],
     h, w = shape
     m = np.zeros(shape, np.uint8)
     cv2.fillPoly(m, [np.round(lm[list(_MOUSTACHE), :2]).astype(np.int32)], 255)
-    m = cv2.dilate(m, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * round(0.04 * d) + 1,) * 2))
+    m = np.asarray(cv2.dilate(
+        m, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * round(0.04 * d) + 1,) * 2)), np.uint8)
     if kind != "moustache":
         mid, across, down, mouth = _face_axes(lm)
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -258,7 +259,7 @@ def paste_glasses(
     lm = np.asarray(landmarks, np.float64)
     d = eye_distance(lm)
     shape = image.shape[:2]
-    mid, across, down, _ = _face_axes(lm)
+    _, across, down, _ = _face_axes(lm)
     angle = float(np.degrees(np.arctan2(across[1], across[0])))
     ax, ay = LENS_AXES[0] * d, LENS_AXES[1] * d
     thick = max(2, round(FRAME_THICKNESS[kind] * d * 4)) / 4.0

@@ -21,10 +21,9 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
-from facefuse.fusion import light
+from facefuse.fusion import detail, light, regions
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
-from facefuse.fusion import detail
 from facefuse.fusion import symmetry as sym
 from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.base import FaceLayer
@@ -240,10 +239,10 @@ class ClassicSwapper:
         relight = options.relight and w_tex > 0.0
         src_occ = tgt_occ = None
         if options.reject_source_occluders and w_tex > 0.0:
-            src_occ = occ.occluder_mask(
+            src_occ = regions.face_occluders(
                 src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm)))
         if options.keep_target_occluders:
-            tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
+            tgt_occ = regions.face_occluders(tgt_img, tgt_lm)
         fill = sym.plan_fill(src_lm, dst, tris) if options.symmetric_fill and w_tex > 0 else None
         fill = fill if fill is not None and fill.needed else None
         point_sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]

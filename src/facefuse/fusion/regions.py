@@ -1,0 +1,202 @@
+"""Facial hair and glasses as regions of a face, found from the mesh geometry and
+the face's own skin (no model).
+
+Colour outliers alone miss them: stubble and a thin moustache differ little from
+skin pixel by pixel and break into islands smaller than the occluder rule keeps,
+and a thin frame is a line a pixel or two wide. Here each is looked for only
+where it can be, and judged as a region:
+
+* **Facial hair** (:func:`facial_hair_mask`): inside the beard zone (the upper
+  lip, the chin and the jaw up the cheeks, from the mesh; the lips and nostrils
+  cut out), pixels whose *chromaticity is greyer* than the face's own skin
+  (measured on the upper face, which a beard does not reach), or that are darker
+  than it *and* carry more fine, oriented texture energy (the structure tensor's
+  trace of the high-pass luma, relative to the upper face's) — shading is darker
+  but smooth and more saturated, hair is textured and less so. The pixels are
+  closed into regions (hair is strands with skin between); only regions that
+  cover a good part of the philtrum or the chin's middle are facial hair (it
+  grows there; smile folds and jaw shading lie to the sides), and all of them
+  together must exceed :data:`MIN_HAIR_AREA` of the face.
+* **Glasses** (:func:`glasses_mask`): thin dark ridges (a morphological
+  black-hat, wider than a frame and narrower than a brow) in a ring around each
+  eye, over the nose bridge and out to the temples, kept only as connected curves
+  that wind around an eye by at least :data:`FRAME_MIN_SPAN` degrees (a wrinkle
+  or a lid crease does not); within the rims found, bright and grey lens
+  reflections join the mask.
+
+:func:`face_regions` is the union, on the face's crop, at the scale of the
+occluder masks (:func:`facefuse.fusion.occlusion.occluder_mask` with regions).
+
+Images (H, W, 3) RGB uint8 or float 0..255; landmarks (N, 3) pixels in the same
+frame; masks (H, W) float32 in {0, 1}.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from facefuse.faces import topology as topo
+from facefuse.fusion import occlusion as occ
+from facefuse.fusion.geometry import eye_distance
+
+#: Beard zone: below a top edge at this height (0 at the eyes, 1 at the mouth
+#: line) in the face's middle, rising by BEARD_TOP_RISE at its sides.
+BEARD_TOP = 0.62
+BEARD_TOP_RISE = 0.3
+#: Skin reference vertices lie above this height (eyes 0, mouth 1).
+UPPER_FACE = 0.55
+#: A pixel greyer than the skin by this share of the way to grey is hair.
+HAIR_GREYER = 0.3
+#: ... or darker by this much (natural log of the luma ratio) and this much more
+#: textured (natural log of the energy ratio).
+HAIR_DARKER = 0.12
+HAIR_TEXTURE = 1.0
+#: Facial-hair regions smaller than this share of the face's area are dropped.
+MIN_HAIR_AREA = 0.006
+#: The philtrum (the upper lip's middle) and the chin's middle: |side| below
+#: CORE_SIDE, the chin's from CHIN_CORE down. A facial-hair region must cover at
+#: least CORE_COVER of one of them.
+CORE_SIDE = 0.3
+CHIN_CORE = 1.2
+CORE_COVER = 0.3
+#: Upper-lip polygon between the nostrils and the outer upper lip.
+_UPPER_LIP = (98, 2, 327, 291, 409, 270, 269, 267, 0, 37, 39, 40, 185, 61)
+
+
+def _axes(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pixel face coordinates (H, W) float32: height ``t`` (0 on the eye line,
+    1 on the mouth line, along the face's own down axis) and side ``s`` (-1..1
+    across the face outline's width)."""
+    a = lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0)
+    b = lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0)
+    across = (b - a) / max(1e-6, float(np.linalg.norm(b - a)))
+    down = np.array([-across[1], across[0]])
+    mid = 0.5 * (a + b)
+    mouth = max(1.0, float((lm[list(topo.MOUTH_CORNERS), :2].mean(0) - mid) @ down))
+    proj = (lm[list(topo.FACE_OVAL), :2] - mid) @ across
+    half = max(1.0, 0.5 * float(proj.max() - proj.min()))
+    centre = 0.5 * float(proj.max() + proj.min())
+    yy, xx = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float32)
+    px, py = xx - np.float32(mid[0]), yy - np.float32(mid[1])
+    t = (px * np.float32(down[0]) + py * np.float32(down[1])) / np.float32(mouth)
+    s = (px * np.float32(across[0]) + py * np.float32(across[1]) - np.float32(centre)) \
+        / np.float32(half)
+    return t, s
+
+
+def beard_zone(lm: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(H, W) bool: where facial hair can be — inside the face outline, below the
+    beard line (:data:`BEARD_TOP`), plus the upper lip; not the lips or nostrils."""
+    d = eye_distance(lm)
+    t, s = _axes(lm, shape)
+    face = occ.outline_mask(lm, shape) > 0.5
+    zone = face & (t > BEARD_TOP - BEARD_TOP_RISE * np.clip(np.abs(s), 0, 1) ** 2)
+    lip = np.zeros(shape, np.uint8)
+    cv2.fillPoly(lip, [np.round(lm[list(_UPPER_LIP), :2]).astype(np.int32)], 255)
+    zone |= (lip > 0) & face
+    feats = occ.feature_masks(lm, shape)
+    zone &= (feats[4] == 0) & (feats[5] == 0)
+    out: np.ndarray = zone & ~occ.grow(feats[4], 0.02 * d)
+    return out
+
+
+def _luma(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = x @ np.array([0.299, 0.587, 0.114], np.float32)
+    return out
+
+
+def hair_features(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                               np.ndarray] | None:
+    """(greyness, darkness, texture) (H, W) float32 each, relative to the face's
+    upper-face skin; None when too little of it is in the image.
+
+    greyness: the share of the way from the skin's chromaticity to grey (0 skin,
+    1 grey; negative: more saturated); darkness: ``log(skin luma / luma)``;
+    texture: ``log`` of the fine structure-tensor energy over the skin's."""
+    h, w = image.shape[:2]
+    d = eye_distance(lm)
+    idx = occ.skin_vertices(lm)
+    t, _ = _axes(lm, (h, w))
+    xy = np.round(lm[idx, :2]).astype(np.int64)
+    ok = (xy[:, 0] >= 0) & (xy[:, 0] < w) & (xy[:, 1] >= 0) & (xy[:, 1] < h)
+    xy = xy[ok]
+    xy = xy[t[xy[:, 1], xy[:, 0]] < UPPER_FACE]
+    if len(xy) < 12:
+        return None
+    x = image.astype(np.float32)
+    b = cv2.GaussianBlur(x, (0, 0), max(0.7, 0.02 * d))
+    luma = _luma(b)
+    total = b.sum(-1) + 3.0
+    r, g = (b[..., 0] + 1.0) / total, (b[..., 1] + 1.0) / total
+    skin_r = float(np.median(r[xy[:, 1], xy[:, 0]]))
+    skin_g = float(np.median(g[xy[:, 1], xy[:, 0]]))
+    skin_l = float(np.median(luma[xy[:, 1], xy[:, 0]]))
+    to_grey = np.array([1.0 / 3.0 - skin_r, 1.0 / 3.0 - skin_g])
+    span = max(1e-3, float(np.linalg.norm(to_grey)))
+    u = to_grey / span
+    grey = ((r - skin_r) * np.float32(u[0]) + (g - skin_g) * np.float32(u[1])) / np.float32(span)
+    dark = np.log(np.float32(skin_l + 4.0) / (luma + 4.0))
+    # Oriented fine texture: the structure tensor's trace of the high-pass luma.
+    fine = _luma(x)
+    fine = fine - cv2.GaussianBlur(fine, (0, 0), 1.0)
+    gx = cv2.Sobel(fine, cv2.CV_32F, 1, 0, ksize=3)
+    gy = cv2.Sobel(fine, cv2.CV_32F, 0, 1, ksize=3)
+    energy = np.asarray(cv2.GaussianBlur(gx * gx + gy * gy, (0, 0), max(1.0, 0.03 * d)),
+                        np.float32) / np.maximum(luma, np.float32(8.0)) ** 2
+    skin_e = max(1e-9, float(np.median(energy[xy[:, 1], xy[:, 0]])))
+    texture = np.log(np.maximum(energy, 1e-12) / np.float32(skin_e))
+    return grey.astype(np.float32), dark.astype(np.float32), texture.astype(np.float32)
+
+
+def facial_hair_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """(H, W) float32 in {0, 1}: the beard, moustache and stubble of the face
+    ``lm`` in ``image`` (see the module doc)."""
+    h, w = image.shape[:2]
+    out = np.zeros((h, w), np.float32)
+    feats = hair_features(image, lm)
+    if feats is None:
+        return out
+    grey, dark, texture = feats
+    zone = beard_zone(lm, (h, w))
+    hair = zone & ((grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE)))
+    d = eye_distance(lm)
+    binary = hair.astype(np.uint8)
+    binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_CLOSE, occ.disc(0.04 * d)), np.uint8)
+    binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_OPEN, occ.disc(0.02 * d)), np.uint8)
+    binary &= zone.astype(np.uint8)
+    # Facial hair grows over the middle of the face: a region that covers neither
+    # the philtrum nor the chin's middle is a fold or shading, not a beard.
+    t, s = _axes(lm, (h, w))
+    lip = np.zeros((h, w), np.uint8)
+    cv2.fillPoly(lip, [np.round(lm[list(_UPPER_LIP), :2]).astype(np.int32)], 1)
+    cores = [(lip > 0) & zone & (np.abs(s) < CORE_SIDE),
+             zone & (np.abs(s) < CORE_SIDE) & (t > CHIN_CORE)]
+    n, labels = cv2.connectedComponents(binary, connectivity=8)
+    keep = np.zeros(n, bool)
+    for core in cores:
+        if core.sum() < 4:
+            continue
+        hits = np.bincount(labels[core], minlength=n) / float(core.sum())
+        keep |= hits >= CORE_COVER
+    keep[0] = False
+    out[keep[labels]] = 1.0
+    area = max(1.0, float((occ.outline_mask(lm, (h, w)) > 0.5).sum()))
+    if out.sum() < MIN_HAIR_AREA * area:
+        out[:] = 0.0
+    return out
+
+
+def _regions_and_occluders(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.maximum(occ.occluders_on_crop(image, lm), facial_hair_mask(image, lm))
+    return out
+
+
+def face_occluders(image: np.ndarray, landmarks: np.ndarray, *,
+                   scale: float = 1.0) -> np.ndarray:
+    """(H, W) float32: :func:`facefuse.fusion.occlusion.occluder_mask` together
+    with the face's facial hair (and glasses) regions, on the same crop and scale:
+    what of the face is not its skin, to be kept on a target and rejected from a
+    source."""
+    return occ.on_face_crop(image, np.asarray(landmarks, np.float64), _regions_and_occluders,
+                            scale=scale)
