@@ -187,8 +187,112 @@ def facial_hair_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 
+#: Lens ring around each eye's centre: half-axes (eye distances) of its outer edge;
+#: the eye itself (grown by RING_EYE_CLEAR) is cut out.
+RING_AXES = (0.36, 0.28)
+RING_EYE_CLEAR = 0.03
+#: Black-hat radius (eye distances): dark lines thinner than twice this respond.
+FRAME_HAT = 0.05
+#: A ridge pixel is this much darker (share of the closed luma) than around it.
+FRAME_CONTRAST = 0.1
+#: A rim winds around its eye by at least this many degrees (in 10-degree bins).
+FRAME_MIN_SPAN = 150.0
+#: Ridge pieces spanning fewer degrees around an eye than this are specks.
+FRAME_PIECE_SPAN = 30.0
+#: Lens reflections: brighter than the skin by this luma ratio and this much greyer.
+REFLECTION_BRIGHTER = 1.12
+REFLECTION_GREYER = 0.4
+
+
+def _eye_frames(lm: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per eye: (centre (2,), [across, down] unit axes (2, 2)) of the face."""
+    a = lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0)
+    b = lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0)
+    across = (b - a) / max(1e-6, float(np.linalg.norm(b - a)))
+    axes = np.stack([across, np.array([-across[1], across[0]])])
+    return [(a, axes), (b, axes)]
+
+
+def glasses_zone(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(zone (H, W) bool, per-eye rings (H, W) bool): where a frame can be — the
+    lens rings around the eyes, the nose bridge between them and the temples out
+    to the face outline — inside the outline, not on the eyes or brows."""
+    d = eye_distance(lm)
+    h, w = shape
+    face = occ.outline_mask(lm, shape) > 0.5
+    feats = occ.feature_masks(lm, shape)
+    eyes = occ.grow(np.maximum(feats[0], feats[1]), RING_EYE_CLEAR * d)
+    brows = np.maximum(feats[2], feats[3]) > 127
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    rings = []
+    band = np.zeros(shape, bool)
+    for c, ax in _eye_frames(lm):
+        px, py = xx - np.float32(c[0]), yy - np.float32(c[1])
+        u = (px * np.float32(ax[0, 0]) + py * np.float32(ax[0, 1])) / np.float32(RING_AXES[0] * d)
+        v = (px * np.float32(ax[1, 0]) + py * np.float32(ax[1, 1])) / np.float32(RING_AXES[1] * d)
+        rings.append((u * u + v * v <= 1.0) & face & ~eyes & ~brows)
+        band |= (np.abs(v) < 0.6) & (np.abs(u) < 3.0)
+    zone = (rings[0] | rings[1] | (band & face)) & ~eyes & ~brows
+    return zone, rings
+
+
+def _span(mask: np.ndarray, centre: np.ndarray, axes: np.ndarray) -> float:
+    """Degrees (in 10-degree bins) that the pixels of ``mask`` cover around ``centre``."""
+    ys, xs = np.nonzero(mask)
+    if len(xs) == 0:
+        return 0.0
+    p = np.stack([xs - centre[0], ys - centre[1]], 1) @ axes.T
+    bins = ((np.degrees(np.arctan2(p[:, 1], p[:, 0])) + 180.0) // 10).astype(np.int64) % 36
+    return 10.0 * float(np.unique(bins).size)
+
+
+def glasses_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """(H, W) float32 in {0, 1}: the frames (and lens reflections) of the glasses
+    the face ``lm`` wears in ``image``, or all 0 (see the module doc)."""
+    h, w = image.shape[:2]
+    out = np.zeros((h, w), np.float32)
+    d = eye_distance(lm)
+    zone, rings = glasses_zone(lm, (h, w))
+    luma = _luma(image.astype(np.float32))
+    closed = cv2.morphologyEx(luma, cv2.MORPH_CLOSE, occ.disc(FRAME_HAT * d))
+    ridge = (closed - luma) > FRAME_CONTRAST * (closed + 8.0)
+    ridge &= zone
+    if not ridge.any():
+        return out
+    n, labels = cv2.connectedComponents(ridge.astype(np.uint8), connectivity=8)
+    frames = _eye_frames(lm)
+    worn = False
+    pieces = np.zeros(n, bool)
+    for ring, (c, ax) in zip(rings, frames, strict=True):
+        inside = ridge & ring
+        # Pieces of a rim, not specks: each winds a little around the eye.
+        for k in np.unique(labels[inside]):
+            if k and _span(inside & (labels == k), c, ax) >= FRAME_PIECE_SPAN:
+                pieces[k] = True
+        if _span(inside & pieces[labels], c, ax) >= FRAME_MIN_SPAN:
+            worn = True
+    if not worn:
+        return out
+    # The rims, and what connects to them (the bridge, the temples).
+    binary = (ridge & pieces[labels]).astype(np.uint8)
+    grown = cv2.dilate(binary, occ.disc(0.02 * d)) > 0
+    touching = np.unique(labels[grown & ridge])
+    keep = np.zeros(n, bool)
+    keep[touching] = True
+    keep[0] = False
+    out[keep[labels]] = 1.0
+    feats = hair_features(image, lm)
+    if feats is not None:
+        grey, dark, _ = feats
+        lens = (rings[0] | rings[1])
+        shine = lens & (dark < -np.log(REFLECTION_BRIGHTER)) & (grey > REFLECTION_GREYER)
+        out[shine] = 1.0
+    return out
+
+
 def _regions_and_occluders(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
-    out: np.ndarray = np.maximum(occ.occluders_on_crop(image, lm), facial_hair_mask(image, lm))
+    out: np.ndarray = np.maximum.reduce([occ.occluders_on_crop(image, lm),
+                                         facial_hair_mask(image, lm), glasses_mask(image, lm)])
     return out
 
 

@@ -16,6 +16,11 @@ relit image is analysed again, as a user's photo would be.
 * :func:`background_trial` — the source's background repainted flat: the share
   of the output's changed pixels that change again (0 = no pixel of the output
   comes from beyond the source's face).
+* :func:`facial_hair_survival_trial`, :func:`facial_hair_leak_trial`,
+  :func:`glasses_survival_trial`, :func:`glasses_leak_trial` — the same for a
+  beard, moustache or stubble of real scalp hair and for clear glasses
+  (:mod:`facefuse.toolchain.synthetic`); the hair's leak also in grey levels of
+  darkening of the clean-shaven target's beard zone.
 """
 
 from __future__ import annotations
@@ -27,14 +32,24 @@ import numpy as np
 
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.quality import (
     face_outline_mask,
     gradient_slope,
     occluder_leak,
     occluder_survival,
 )
+from facefuse.fusion.regions import beard_zone
 from facefuse.fusion.types import FuseOptions
-from facefuse.toolchain.synthetic import OccluderKind, paste_occluder, relight_gradient
+from facefuse.toolchain.synthetic import (
+    FacialHairKind,
+    FrameKind,
+    OccluderKind,
+    paste_facial_hair,
+    paste_glasses,
+    paste_occluder,
+    relight_gradient,
+)
 
 #: The engine without relighting, occluder masks and the symmetric fill: the
 #: "before" of comparisons.
@@ -139,3 +154,67 @@ def background_trial(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOp
         return 0.0, second
     diff = np.abs(first.astype(np.int16) - second.astype(np.int16)).max(-1)
     return float((diff[changed] > BACKGROUND_THRESHOLD).mean()), second
+
+
+def _luma(img: np.ndarray) -> np.ndarray:
+    out: np.ndarray = img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    return out
+
+
+def facial_hair_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample,
+                               kind: FacialHairKind, donor: Sample, options: FuseOptions,
+                               seed: int = 0) -> tuple[float, np.ndarray]:
+    """(kept share, output) of fusing ``src`` into ``tgt`` wearing the donor's hair
+    as a beard, moustache or stubble: the share of the hair's footprint inside
+    the face left unchanged (:func:`occluder_survival`)."""
+    hairy, fp = paste_facial_hair(tgt.image, tgt.landmarks, kind, donor.image,
+                                  donor.landmarks, seed)
+    out = _fuse(fuser, src, Sample(hairy, tgt.faces), options)
+    return occluder_survival(out, hairy, fp, tgt.landmarks), out
+
+
+def facial_hair_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FacialHairKind,
+                           donor: Sample, options: FuseOptions, seed: int = 0
+                           ) -> tuple[float, float, np.ndarray]:
+    """(leaked share, darkening in grey levels, output) of fusing ``src`` wearing
+    the donor's hair into the clean-shaven ``tgt``, against fusing the clean ``src``.
+
+    Over the target's beard zone (:func:`facefuse.fusion.regions.beard_zone`, where
+    the source's hair lands): the darkening is the mean luma the hair took off the
+    output; the leaked share is the summed absolute luma change there over the
+    summed change the hair made on the source's own face (scaled to the target
+    face's size; 0 = none of it came along, 1 = all of it)."""
+    hairy, fp = paste_facial_hair(src.image, src.landmarks, kind, donor.image,
+                                  donor.landmarks, seed)
+    out = _fuse(fuser, Sample(hairy, src.faces), tgt, options)
+    clean = _fuse(fuser, src, tgt, options)
+    zone = beard_zone(tgt.landmarks, tgt.image.shape[:2])
+    if not fp.any() or not zone.any():
+        return 0.0, 0.0, out
+    scale = eye_distance(tgt.landmarks) / eye_distance(src.landmarks)
+    applied = float(np.abs(_luma(src.image)[fp] - _luma(hairy)[fp]).sum()) * scale**2
+    change = _luma(clean)[zone] - _luma(out)[zone]
+    moved, darker = float(np.abs(change).sum()), float(change.mean())
+    return (min(1.0, moved / applied) if applied > 0 else 0.0), darker, out
+
+
+def glasses_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FrameKind,
+                           donor: Sample, options: FuseOptions, seed: int = 0
+                           ) -> tuple[float, np.ndarray]:
+    """(kept share, output) of fusing ``src`` into ``tgt`` wearing clear glasses
+    (:func:`paste_glasses`): the share of the frame's pixels inside the face left
+    unchanged."""
+    worn, fp = paste_glasses(tgt.image, tgt.landmarks, kind, donor.image, donor.landmarks, seed)
+    out = _fuse(fuser, src, Sample(worn, tgt.faces), options)
+    return occluder_survival(out, worn, fp, tgt.landmarks), out
+
+
+def glasses_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FrameKind,
+                       donor: Sample, options: FuseOptions, seed: int = 0
+                       ) -> tuple[float, np.ndarray]:
+    """(leak, output) of fusing ``src`` wearing clear glasses into ``tgt``
+    (:func:`occluder_leak` against fusing the clean ``src``)."""
+    worn, fp = paste_glasses(src.image, src.landmarks, kind, donor.image, donor.landmarks, seed)
+    out = _fuse(fuser, Sample(worn, src.faces), tgt, options)
+    clean = _fuse(fuser, src, tgt, options)
+    return occluder_leak(out, clean, tgt.image, fp, src.landmarks, tgt.landmarks), out
