@@ -87,8 +87,10 @@ def run(fuser: FaceFuser, samples: dict[str, Sample], sheet: Path | None) -> dic
                 ctx = regions_off() if label == "before" else _null()
                 with ctx:
                     kept, out_k = facial_hair_survival_trial(fuser, s, t, kind, dn, AFTER)
-                    leak, dark, out_l = facial_hair_leak_trial(fuser, s, t, kind, dn, AFTER)
-                res[label] = {"kept": kept, "leaked": leak, "darkening": dark}
+                    leak, dark, against, out_l = facial_hair_leak_trial(fuser, s, t, kind, dn,
+                                                                         AFTER)
+                res[label] = {"kept": kept, "leaked": leak, "darkening": dark,
+                              "darker_than_target": against}
                 if sheet is not None and kind != "moustache":
                     tiles.append(crop(out_k, t))
                     tiles.append(crop(out_l, t))
@@ -136,14 +138,18 @@ def main() -> None:
              "100. Before: the colour-outlier occluder mask alone; after: with the regions.",
              "kept: share of the target's hair/frame pixels unchanged (goal ≥ 0.95); leaked:",
              "share of the source's that reaches the output (goal ≤ 0.05); dark: grey levels the",
-             "source's hair takes off the clean-shaven target's beard zone.", "",
+             "source's hair takes off the clean-shaven target's beard zone (against fusing the",
+             "clean source); vs target: grey levels that zone ends darker than the target's own.",
+             "",
              f"Machine: {machine_line(machine())} (shared with other work).", "",
              "| trial | kept before | kept after | leaked before | leaked after "
-             "| dark before | dark after |", "|---|---|---|---|---|---|---|"]
+             "| dark before | dark after | vs target before | vs target after |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         b, a = r["before"], r["after"]
-        dark = (f"{b['darkening']:.1f} | {a['darkening']:.1f}" if "darkening" in b
-                else "– | –")
+        dark = (f"{b['darkening']:.1f} | {a['darkening']:.1f} | "
+                f"{b['darker_than_target']:.1f} | {a['darker_than_target']:.1f}"
+                if "darkening" in b else "– | – | – | –")
         lines.append(f"| {name} | {b['kept']:.2f} | {a['kept']:.2f} | {b['leaked']:.3f} "
                      f"| {a['leaked']:.3f} | {dark} |")
     for label in ("before", "after"):

@@ -88,16 +88,16 @@ def _axes(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarra
 def beard_zone(lm: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """(H, W) bool: where facial hair can be — inside the face outline, below the
     beard line (:data:`BEARD_TOP`), plus the upper lip; not the lips or nostrils."""
-    d = eye_distance(lm)
     t, s = _axes(lm, shape)
     face = occ.outline_mask(lm, shape) > 0.5
     zone = face & (t > BEARD_TOP - BEARD_TOP_RISE * np.clip(np.abs(s), 0, 1) ** 2)
     lip = np.zeros(shape, np.uint8)
     cv2.fillPoly(lip, [np.round(lm[list(_UPPER_LIP), :2]).astype(np.int32)], 255)
     zone |= (lip > 0) & face
-    feats = occ.feature_masks(lm, shape)
-    zone &= (feats[4] == 0) & (feats[5] == 0)
-    out: np.ndarray = zone & ~occ.grow(feats[4], 0.02 * d)
+    # Hair grows to the lips' edge: only the lips themselves and the nostrils are cut.
+    lips = np.zeros(shape, np.uint8)
+    cv2.fillPoly(lips, [np.round(lm[list(topo.LIPS_OUTER), :2]).astype(np.int32)], 1)
+    out: np.ndarray = zone & (lips == 0) & (occ.feature_masks(lm, shape)[5] == 0)
     return out
 
 
@@ -194,11 +194,27 @@ RING_EYE_CLEAR = 0.03
 #: Black-hat radius (eye distances): dark lines thinner than twice this respond.
 FRAME_HAT = 0.05
 #: A ridge pixel is this much darker (share of the closed luma) than around it.
-FRAME_CONTRAST = 0.1
+FRAME_CONTRAST = 0.2
 #: A rim winds around its eye by at least this many degrees (in 10-degree bins).
 FRAME_MIN_SPAN = 150.0
 #: Ridge pieces spanning fewer degrees around an eye than this are specks.
 FRAME_PIECE_SPAN = 30.0
+#: The nose-bridge band: from BRIDGE_RISE eye distances above the inner eye
+#: corners' line to BRIDGE_DROP below it; a frame's bridge spans BRIDGE_SPAN of
+#: the width between the corners.
+BRIDGE_RISE = 0.22
+BRIDGE_DROP = 0.05
+BRIDGE_SPAN = 0.6
+#: ... counted in bins of this many eye distances across.
+BRIDGE_BIN = 0.02
+#: A fitted rim's centre lies within RIM_CENTRE_SLACK eye distances of the eye's,
+#: its half-axes between RIM_AXES.
+RIM_CENTRE_SLACK = 0.2
+RIM_AXES = (0.08, 0.45)
+#: At least RIM_ON_ELLIPSE of a rim's pixels lie within RIM_BAND eye distances of
+#: the fitted ellipse.
+RIM_ON_ELLIPSE = 0.6
+RIM_BAND = 0.04
 #: Lens reflections: brighter than the skin by this luma ratio and this much greyer.
 REFLECTION_BRIGHTER = 1.12
 REFLECTION_GREYER = 0.4
@@ -246,6 +262,50 @@ def _span(mask: np.ndarray, centre: np.ndarray, axes: np.ndarray) -> float:
     return 10.0 * float(np.unique(bins).size)
 
 
+def _bridge(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, float]:
+    """(band (H, W) bool, its width in pixels): the nose bridge between the inner
+    eye corners, from a little below the eye line up to the brows' lower edge."""
+    d = eye_distance(lm)
+    a, b = lm[topo.EYE_INNER[0], :2], lm[topo.EYE_INNER[1], :2]
+    (_, ax), _ = _eye_frames(lm)
+    mid = 0.5 * (a + b)
+    h, w = shape
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    px, py = xx - np.float32(mid[0]), yy - np.float32(mid[1])
+    u = px * np.float32(ax[0, 0]) + py * np.float32(ax[0, 1])
+    v = px * np.float32(ax[1, 0]) + py * np.float32(ax[1, 1])
+    half = 0.5 * float(np.linalg.norm(b - a))
+    band = (np.abs(u) < half) & (v > -BRIDGE_RISE * d) & (v < BRIDGE_DROP * d)
+    return band, 2.0 * half
+
+
+def _fit_rim(rim: np.ndarray, centre: np.ndarray, d: float) -> tuple[
+        tuple[float, float], tuple[float, float], float] | None:
+    """The ellipse (cv2 form) through a rim's pixels ((H, W) bool), refitted once
+    on the pixels near the first fit; None when it is not a lens around the eye
+    ``centre`` or too few of the pixels lie on it (:data:`RIM_ON_ELLIPSE`)."""
+    ys, xs = np.nonzero(rim)
+    pts = np.stack([xs, ys], 1).astype(np.float32)
+    fit = None
+    for _ in range(2):
+        if len(pts) < 8:
+            return None
+        fit = cv2.fitEllipse(pts)
+        band = np.zeros(rim.shape, np.uint8)
+        cv2.ellipse(band, fit, 255, max(1, round(2 * RIM_BAND * d)))
+        on = band[ys, xs] > 0
+        pts = np.stack([xs[on], ys[on]], 1).astype(np.float32)
+    assert fit is not None
+    (cx, cy), (a, b), _ = fit
+    if np.hypot(cx - centre[0], cy - centre[1]) > RIM_CENTRE_SLACK * d:
+        return None
+    if not (RIM_AXES[0] * d <= min(a, b) / 2 and max(a, b) / 2 <= RIM_AXES[1] * d):
+        return None
+    if len(pts) < RIM_ON_ELLIPSE * len(xs):
+        return None
+    return fit
+
+
 def glasses_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """(H, W) float32 in {0, 1}: the frames (and lens reflections) of the glasses
     the face ``lm`` wears in ``image``, or all 0 (see the module doc)."""
@@ -253,42 +313,62 @@ def glasses_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     out = np.zeros((h, w), np.float32)
     d = eye_distance(lm)
     zone, rings = glasses_zone(lm, (h, w))
+    bridge, bridge_w = _bridge(lm, (h, w))
     luma = _luma(image.astype(np.float32))
     closed = cv2.morphologyEx(luma, cv2.MORPH_CLOSE, occ.disc(FRAME_HAT * d))
-    ridge = (closed - luma) > FRAME_CONTRAST * (closed + 8.0)
-    ridge &= zone
+    contrast = (closed - luma) / (closed + 8.0)
+    ridge = (contrast > FRAME_CONTRAST) & zone
     if not ridge.any():
         return out
     n, labels = cv2.connectedComponents(ridge.astype(np.uint8), connectivity=8)
-    frames = _eye_frames(lm)
-    worn = False
+    # A frame crosses the nose bridge: its ridge (a thin one may be dashed) covers
+    # most of the bridge's width.
+    (_, ax), _ = _eye_frames(lm)
+    ys, xs = np.nonzero(bridge & ridge)
+    u = xs * ax[0, 0] + ys * ax[0, 1]
+    step = max(1.0, BRIDGE_BIN * d)
+    covered = np.unique(np.floor(u / step)).size * step if len(u) else 0.0
+    if covered < BRIDGE_SPAN * bridge_w:
+        return out
     pieces = np.zeros(n, bool)
-    for ring, (c, ax) in zip(rings, frames, strict=True):
+    rims = []
+    for ring, (c, axes) in zip(rings, _eye_frames(lm), strict=True):
         inside = ridge & ring
         # Pieces of a rim, not specks: each winds a little around the eye.
         for k in np.unique(labels[inside]):
-            if k and _span(inside & (labels == k), c, ax) >= FRAME_PIECE_SPAN:
+            if k and _span(inside & (labels == k), c, axes) >= FRAME_PIECE_SPAN:
                 pieces[k] = True
-        if _span(inside & pieces[labels], c, ax) >= FRAME_MIN_SPAN:
-            worn = True
-    if not worn:
-        return out
+        rim = inside & pieces[labels]
+        if _span(rim, c, axes) < FRAME_MIN_SPAN:
+            return out
+        fit = _fit_rim(rim, c, d)
+        if fit is None:
+            return out
+        rims.append((fit, rim))
     # The rims, and what connects to them (the bridge, the temples).
     binary = (ridge & pieces[labels]).astype(np.uint8)
     grown = cv2.dilate(binary, occ.disc(0.02 * d)) > 0
-    touching = np.unique(labels[grown & ridge])
     keep = np.zeros(n, bool)
-    keep[touching] = True
+    keep[np.unique(labels[grown & ridge])] = True
     keep[0] = False
     out[keep[labels]] = 1.0
+    # Where the rim runs under a brow or beside an eye the ridge test is blind:
+    # the fitted ellipse, as thick as the rim measured, is drawn through there.
+    canvas = np.zeros((h, w), np.uint8)
+    for fit, rim in rims:
+        dist = cv2.distanceTransform(rim.astype(np.uint8), cv2.DIST_L2, 3)
+        thick = max(1, round(2.0 * float(np.percentile(dist[rim], 90))))
+        cv2.ellipse(canvas, fit, 255, thick, cv2.LINE_AA)
+    out[(canvas > 127) & (contrast > 0.5 * FRAME_CONTRAST)] = 1.0
+    # The rim's anti-aliased edge is the frame's too.
+    out = np.asarray(cv2.dilate(out, occ.disc(1.0)), np.float32)
     feats = hair_features(image, lm)
     if feats is not None:
         grey, dark, _ = feats
-        lens = (rings[0] | rings[1])
+        lens = rings[0] | rings[1]
         shine = lens & (dark < -np.log(REFLECTION_BRIGHTER)) & (grey > REFLECTION_GREYER)
         out[shine] = 1.0
     return out
-
 
 def _regions_and_occluders(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     out: np.ndarray = np.maximum.reduce([occ.occluders_on_crop(image, lm),

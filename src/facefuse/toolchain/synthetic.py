@@ -232,6 +232,8 @@ FRAME_KINDS: tuple[FrameKind, ...] = ("metal", "plastic")
 #: Frame thickness (eye distances) and mean luma of its darkened donor pixels.
 FRAME_THICKNESS = {"metal": 0.018, "plastic": 0.045}
 FRAME_LUMA = {"metal": 55.0, "plastic": 30.0}
+#: Exponent on the donor texture's relative luma (its grain kept, its contrast tamed).
+FRAME_GRAIN = 0.33
 #: Lens half-axes (eye distances) around each eye's centre, raised by LENS_RAISE.
 LENS_AXES = (0.25, 0.17)
 LENS_RAISE = 0.03
@@ -293,8 +295,11 @@ def paste_glasses(
         end = start + sign * across * reach
         cv2.line(frame, pt(start), pt(end), 255, max(1, round(thick)), cv2.LINE_AA, 2)
     tex = _texture("bar", donor, donor_landmarks, shape, seed).astype(np.float32)
-    luma = tex @ np.array([0.299, 0.587, 0.114], np.float32)
-    tex *= FRAME_LUMA[kind] / max(1.0, float(luma.mean()))
+    # The donor's grain and tint at a frame's tone: each pixel's luma brought to
+    # FRAME_LUMA with its deviation from the mean compressed (a cube root).
+    luma = np.maximum(tex @ np.array([0.299, 0.587, 0.114], np.float32), 1.0)
+    level = FRAME_LUMA[kind] * (luma / float(luma.mean())) ** FRAME_GRAIN
+    tex *= (level / luma)[..., None]
     # A reflection: a soft diagonal band across each lens (brighter toward white).
     yy, xx = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float32)
     band = np.zeros(shape, np.float32)

@@ -32,7 +32,6 @@ import numpy as np
 
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.quality import (
     face_outline_mask,
     gradient_slope,
@@ -45,6 +44,7 @@ from facefuse.toolchain.synthetic import (
     FacialHairKind,
     FrameKind,
     OccluderKind,
+    facial_hair_alpha,
     paste_facial_hair,
     paste_glasses,
     paste_occluder,
@@ -175,27 +175,34 @@ def facial_hair_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample,
 
 def facial_hair_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FacialHairKind,
                            donor: Sample, options: FuseOptions, seed: int = 0
-                           ) -> tuple[float, float, np.ndarray]:
-    """(leaked share, darkening in grey levels, output) of fusing ``src`` wearing
-    the donor's hair into the clean-shaven ``tgt``, against fusing the clean ``src``.
+                           ) -> tuple[float, float, float, np.ndarray]:
+    """(leaked share, darkening, darkening against the target, output) of fusing
+    ``src`` wearing the donor's hair into the clean-shaven ``tgt``.
 
     Over the target's beard zone (:func:`facefuse.fusion.regions.beard_zone`, where
-    the source's hair lands): the darkening is the mean luma the hair took off the
-    output; the leaked share is the summed absolute luma change there over the
-    summed change the hair made on the source's own face (scaled to the target
-    face's size; 0 = none of it came along, 1 = all of it)."""
+    the source's hair lands): the darkening is the mean luma (grey levels) the
+    hair takes off the output against fusing the clean ``src``, and the mean the
+    output is darker than the target itself. The leaked share is the mean luma
+    change, in the hair's direction (darker for dark hair), where the hair lands
+    on the target (the same mesh zone, :func:`facial_hair_alpha`), over the mean
+    change the hair made on the source's own face (0 = none of it came along, 1 =
+    all of it; the target's own skin showing where the hair was rejected changes
+    the output both ways and mostly cancels)."""
     hairy, fp = paste_facial_hair(src.image, src.landmarks, kind, donor.image,
                                   donor.landmarks, seed)
     out = _fuse(fuser, Sample(hairy, src.faces), tgt, options)
     clean = _fuse(fuser, src, tgt, options)
     zone = beard_zone(tgt.landmarks, tgt.image.shape[:2])
-    if not fp.any() or not zone.any():
-        return 0.0, 0.0, out
-    scale = eye_distance(tgt.landmarks) / eye_distance(src.landmarks)
-    applied = float(np.abs(_luma(src.image)[fp] - _luma(hairy)[fp]).sum()) * scale**2
-    change = _luma(clean)[zone] - _luma(out)[zone]
-    moved, darker = float(np.abs(change).sum()), float(change.mean())
-    return (min(1.0, moved / applied) if applied > 0 else 0.0), darker, out
+    # Where the source's hair lands: the same zone of the mesh on the target.
+    lands = facial_hair_alpha(tgt.landmarks, tgt.image.shape[:2], kind) > 0.5
+    if not fp.any() or not zone.any() or not lands.any():
+        return 0.0, 0.0, 0.0, out
+    applied = float((_luma(src.image)[fp] - _luma(hairy)[fp]).mean())
+    change = _luma(clean) - _luma(out)
+    darker = float(change[zone].mean())
+    against = float((_luma(tgt.image)[zone] - _luma(out)[zone]).mean())
+    leak = max(0.0, float(change[lands].mean()) / applied) if abs(applied) > 0 else 0.0
+    return min(1.0, leak), darker, against, out
 
 
 def glasses_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FrameKind,
