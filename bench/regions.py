@@ -12,11 +12,13 @@ reflections: ``facefuse.toolchain.synthetic``), fused at degree 100:
 "Before" is the colour-outlier occluder mask alone (the regions switched off in
 this process), "after" the occluder mask with the regions.
 
-    .venv/bin/python bench/regions.py [--sheet PATH]
+    .venv/bin/python bench/regions.py [--sheets PREFIX]
 
 Writes bench/results/regions.json and the "regions" section of BENCHMARKS.md;
-``--sheet`` also writes 1:1 crops (target variant | before | after) of the
-bearded-target and bearded-source trials.
+``--sheets`` also writes, per pair, 1:1 crops of the target's face: top row the
+target wearing a beard, stubble, metal glasses fused (before, after each);
+bottom row the clean-shaven, glasses-free target fused with a source wearing
+them (before, after each).
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ from facefuse.toolchain.trials import (
 )
 from report import machine, machine_line, publish, write_json
 
-#: (source, target, donor of the hair or frame pixels): every identity in each role.
-PAIRS = (("obama", "biden", "obama3"), ("astronaut", "obama2", "biden"),
+#: (source, target, donor of the hair or frame pixels): every identity in each role;
+#: the donors with scalp hair above the forehead (obama: short black, astronaut:
+#: brown), each onto dark and light skin.
+PAIRS = (("obama", "biden", "astronaut"), ("astronaut", "obama2", "obama"),
          ("biden", "astronaut", "obama"), ("obama2", "obama3", "astronaut"))
 
 
@@ -76,43 +80,51 @@ def crop(img: np.ndarray, s: Sample) -> np.ndarray:
     return img[int(max(0, y0 - p)):int(y1 + p), int(max(0, x0 - p)):int(x1 + p)]
 
 
-def run(fuser: FaceFuser, samples: dict[str, Sample], sheet: Path | None) -> dict[str, Any]:
+def run(fuser: FaceFuser, samples: dict[str, Sample], sheets: Path | None) -> dict[str, Any]:
     rows: dict[str, Any] = {}
-    tiles: list[np.ndarray] = []
     for src, tgt, donor in PAIRS:
         s, t, dn = samples[src], samples[tgt], samples[donor]
+        kept_row: list[np.ndarray] = []
+        leak_row: list[np.ndarray] = []
         for kind in FACIAL_HAIR_KINDS:
             res: dict[str, Any] = {}
             for label in ("before", "after"):
-                ctx = regions_off() if label == "before" else _null()
-                with ctx:
+                with regions_off() if label == "before" else _null():
                     kept, out_k = facial_hair_survival_trial(fuser, s, t, kind, dn, AFTER)
                     leak, dark, against, out_l = facial_hair_leak_trial(fuser, s, t, kind, dn,
                                                                          AFTER)
                 res[label] = {"kept": kept, "leaked": leak, "darkening": dark,
                               "darker_than_target": against}
-                if sheet is not None and kind != "moustache":
-                    tiles.append(crop(out_k, t))
-                    tiles.append(crop(out_l, t))
+                if kind != "moustache":
+                    kept_row.append(crop(out_k, t))
+                    leak_row.append(crop(out_l, t))
             rows[f"{src}->{tgt} {kind} ({donor})"] = res
         for frame in FRAME_KINDS:
             res = {}
             for label in ("before", "after"):
                 with regions_off() if label == "before" else _null():
-                    kept, _ = glasses_survival_trial(fuser, s, t, frame, dn, AFTER)
-                    leak, _ = glasses_leak_trial(fuser, s, t, frame, dn, AFTER)
+                    kept, out_k = glasses_survival_trial(fuser, s, t, frame, dn, AFTER)
+                    leak, out_l = glasses_leak_trial(fuser, s, t, frame, dn, AFTER)
                 res[label] = {"kept": kept, "leaked": leak}
+                if frame == "metal":
+                    kept_row.append(crop(out_k, t))
+                    leak_row.append(crop(out_l, t))
             rows[f"{src}->{tgt} {frame} glasses ({donor})"] = res
+        if sheets is not None:
+            path = sheets.parent / f"{sheets.name}_{src}_{tgt}.png"
+            cv2.imwrite(str(path), cv2.cvtColor(_sheet([kept_row, leak_row]), cv2.COLOR_RGB2BGR))
         print(src, tgt, "done", flush=True)
-    if sheet is not None and tiles:
-        h = max(x.shape[0] for x in tiles)
-        pad = [np.pad(x, ((0, h - x.shape[0]), (0, 4), (0, 0))) for x in tiles]
-        per = 8  # before/after × kept/leaked × beard/stubble per pair
-        lines = [np.hstack(pad[i:i + per]) for i in range(0, len(pad), per)]
-        wmax = max(x.shape[1] for x in lines)
-        sheet_img = np.vstack([np.pad(x, ((0, 4), (0, wmax - x.shape[1]), (0, 0))) for x in lines])
-        cv2.imwrite(str(sheet), cv2.cvtColor(sheet_img, cv2.COLOR_RGB2BGR))
     return rows
+
+
+def _sheet(rows: list[list[np.ndarray]]) -> np.ndarray:
+    """Tiles side by side, rows stacked, padded black (no resampling)."""
+    lines = []
+    for tiles in rows:
+        h = max(x.shape[0] for x in tiles)
+        lines.append(np.hstack([np.pad(x, ((0, h - x.shape[0]), (0, 4), (0, 0))) for x in tiles]))
+    w = max(x.shape[1] for x in lines)
+    return np.vstack([np.pad(x, ((0, 4), (0, w - x.shape[1]), (0, 0))) for x in lines])
 
 
 @contextmanager
@@ -122,7 +134,8 @@ def _null() -> Iterator[None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sheet", type=Path, default=None)
+    ap.add_argument("--sheets", type=Path, default=None,
+                    help="path prefix: writes PREFIX_<source>_<target>.png")
     args = ap.parse_args()
     settings = Settings.from_env(threads=1, precision="fp32")
     paths = fetch_samples(settings.samples_dir, settings.downloads_dir)
@@ -130,7 +143,7 @@ def main() -> None:
     fuser = FaceFuser(settings, analyser)
     samples = {n: Sample(img, analyser.analyse(img, embed=False))
                for n, img in ((n, decode_image(p)) for n, p in paths.items())}
-    rows = run(fuser, samples, args.sheet)
+    rows = run(fuser, samples, args.sheets)
     write_json("regions", {"machine": machine(), "rows": rows})
     lines = ["## regions", "",
              "Facial hair and clear glasses on realistic variants (real scalp hair as a beard,",

@@ -32,10 +32,11 @@ How a face's occluders are found (all from the mesh and the pixels, no model):
    Specks (pores, highlights) are removed by a morphological opening, and
    islands smaller than :data:`MIN_OCCLUDER_AREA` of the face are dropped.
 
-Facial hair follows from this rule: a beard or moustache is not skin, so a
-source's beard is rejected (a bearded source onto a clean-shaven target gives
-the target's clean skin) and a target's beard is kept (it stays on top of the
-fused face). Facial hair is always the target's.
+A dense dark beard is caught by this rule, but stubble, a thin moustache and
+thin glasses frames are not (they differ little from skin pixel by pixel, or
+break into islands below :data:`MIN_OCCLUDER_AREA`): they are found as regions
+by :mod:`facefuse.fusion.regions`, whose :func:`~facefuse.fusion.regions.face_occluders`
+is this mask together with them (:func:`on_face_crop` runs both on one crop).
 
 Images are (H, W, 3) RGB uint8 or float 0..255; landmarks (N, 3) pixels in the
 same frame; masks (H, W) float32 in [0, 1].

@@ -196,7 +196,7 @@ FRAME_HAT = 0.05
 #: A ridge pixel is this much darker (share of the closed luma) than around it.
 FRAME_CONTRAST = 0.2
 #: A rim winds around its eye by at least this many degrees (in 10-degree bins).
-FRAME_MIN_SPAN = 150.0
+FRAME_MIN_SPAN = 120.0
 #: Ridge pieces spanning fewer degrees around an eye than this are specks.
 FRAME_PIECE_SPAN = 30.0
 #: The nose-bridge band: from BRIDGE_RISE eye distances above the inner eye
@@ -204,7 +204,7 @@ FRAME_PIECE_SPAN = 30.0
 #: the width between the corners.
 BRIDGE_RISE = 0.22
 BRIDGE_DROP = 0.05
-BRIDGE_SPAN = 0.6
+BRIDGE_SPAN = 0.5
 #: ... counted in bins of this many eye distances across.
 BRIDGE_BIN = 0.02
 #: A fitted rim's centre lies within RIM_CENTRE_SLACK eye distances of the eye's,

@@ -184,7 +184,10 @@ def facial_hair_alpha(lm: np.ndarray, shape: tuple[int, int],
 def scalp_hair_texture(donor: np.ndarray, donor_lm: np.ndarray, shape: tuple[int, int],
                        scale: float, seed: int = 0) -> np.ndarray:
     """(H, W, 3) uint8: the donor's real scalp hair (a patch above its forehead),
-    resampled by ``scale`` and mirror-tiled to ``shape``; ``seed`` shifts the tiling."""
+    resampled by ``scale`` and mirror-tiled to ``shape``; ``seed`` shifts the tiling.
+
+    Only a donor with hair there serves (of the samples: obama's dark short hair,
+    astronaut's brown hair; obama3's head is cut by the frame, biden's is bald there)."""
     d = eye_distance(donor_lm)
     c = donor_lm[topo.FOREHEAD, :2] - np.array([0.0, 0.5 * d])
     x0, x1 = int(max(0, c[0] - 0.25 * d)), int(min(donor.shape[1], c[0] + 0.25 * d))
