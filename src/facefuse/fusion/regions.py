@@ -33,6 +33,8 @@ frame; masks (H, W) float32 in {0, 1}.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import cv2
 import numpy as np
 
@@ -52,6 +54,11 @@ HAIR_GREYER = 0.3
 #: textured (natural log of the energy ratio).
 HAIR_DARKER = 0.12
 HAIR_TEXTURE = 1.0
+#: Hair is judged this many eye distances (beyond the lips' own margin) away
+#: from the lips; a region found is then grown up to them.
+LIP_MARGIN = 0.02
+#: Facial hair is looked for at no more than this eye distance (pixels).
+HAIR_EYE_PX = 96.0
 #: Facial-hair regions smaller than this share of the face's area are dropped.
 MIN_HAIR_AREA = 0.006
 #: The philtrum (the upper lip's middle) and the chin's middle: |side| below
@@ -149,16 +156,54 @@ def hair_features(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.nda
     return grey.astype(np.float32), dark.astype(np.float32), texture.astype(np.float32)
 
 
+def _on_box(image: np.ndarray, lm: np.ndarray, box: tuple[int, int, int, int],
+            scale: float, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """``fn`` on the ``box`` (x0, y0, x1, y1) of ``image`` resized by ``scale`` ≤ 1,
+    its (h, w) mask brought back (nearest, > 0.5) into an (H, W) float32 mask."""
+    h, w = image.shape[:2]
+    x0, y0 = max(0, box[0]), max(0, box[1])
+    x1, y1 = min(w, box[2]), min(h, box[3])
+    out = np.zeros((h, w), np.float32)
+    if x1 - x0 < 8 or y1 - y0 < 8:
+        return out
+    crop = image[y0:y1, x0:x1]
+    local = np.asarray(lm, np.float64).copy()
+    local[:, 0] -= x0
+    local[:, 1] -= y0
+    if scale < 1.0:
+        size = (max(8, round((x1 - x0) * scale)), max(8, round((y1 - y0) * scale)))
+        crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
+        local[:, :2] *= (size[0] / (x1 - x0), size[1] / (y1 - y0))
+        local[:, 2] *= scale
+    m = fn(np.ascontiguousarray(crop), local)
+    if scale < 1.0:
+        m = cv2.resize(m, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
+    out[y0:y1, x0:x1] = m > 0.5
+    return out
+
+
 def facial_hair_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """(H, W) float32 in {0, 1}: the beard, moustache and stubble of the face
-    ``lm`` in ``image`` (see the module doc)."""
+    ``lm`` in ``image`` (see the module doc); found at no more than
+    :data:`HAIR_EYE_PX` (it is a large soft region)."""
+    h, w = image.shape[:2]
+    scale = min(1.0, HAIR_EYE_PX / max(1.0, eye_distance(lm)))
+    return _on_box(image, lm, (0, 0, w, h), scale, _facial_hair)
+
+
+def _facial_hair(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """:func:`facial_hair_mask` at the image's own scale."""
     h, w = image.shape[:2]
     out = np.zeros((h, w), np.float32)
     feats = hair_features(image, lm)
     if feats is None:
         return out
     grey, dark, texture = feats
-    zone = beard_zone(lm, (h, w))
+    d = eye_distance(lm)
+    full = beard_zone(lm, (h, w))
+    # The lips' edge is shaded and lined: hair is judged a little away from it,
+    # and a region found reaches it afterwards.
+    zone = full & ~occ.grow(occ.feature_masks(lm, (h, w))[4], LIP_MARGIN * d)
     hair = zone & ((grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE)))
     d = eye_distance(lm)
     binary = hair.astype(np.uint8)
@@ -180,7 +225,10 @@ def facial_hair_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
         hits = np.bincount(labels[core], minlength=n) / float(core.sum())
         keep |= hits >= CORE_COVER
     keep[0] = False
-    out[keep[labels]] = 1.0
+    found = keep[labels]
+    if found.any():
+        found |= occ.grow(found.astype(np.uint8), (LIP_MARGIN + 0.04) * d) & full & ~zone
+    out[found] = 1.0
     area = max(1.0, float((occ.outline_mask(lm, (h, w)) > 0.5).sum()))
     if out.sum() < MIN_HAIR_AREA * area:
         out[:] = 0.0
@@ -199,6 +247,9 @@ FRAME_CONTRAST = 0.2
 FRAME_MIN_SPAN = 120.0
 #: Ridge pieces spanning fewer degrees around an eye than this are specks.
 FRAME_PIECE_SPAN = 30.0
+#: The eye band examined for glasses: the eyes, brows, temples and nose tip's
+#: bounding box grown by this many eye distances.
+GLASSES_BOX_MARGIN = 0.15
 #: The nose-bridge band: from BRIDGE_RISE eye distances above the inner eye
 #: corners' line to BRIDGE_DROP below it; a frame's bridge spans BRIDGE_SPAN of
 #: the width between the corners.
@@ -308,7 +359,21 @@ def _fit_rim(rim: np.ndarray, centre: np.ndarray, d: float) -> tuple[
 
 def glasses_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """(H, W) float32 in {0, 1}: the frames (and lens reflections) of the glasses
-    the face ``lm`` wears in ``image``, or all 0 (see the module doc)."""
+    the face ``lm`` wears in ``image``, or all 0 (see the module doc). Only the
+    band of the eyes, brows and temples is examined."""
+    d = eye_distance(lm)
+    idx = list(topo.EYE_IMAGE_LEFT + topo.EYE_IMAGE_RIGHT + topo.BROW_IMAGE_LEFT
+               + topo.BROW_IMAGE_RIGHT + (topo.FACE_EDGE_IMAGE_LEFT, topo.FACE_EDGE_IMAGE_RIGHT,
+                                          topo.NOSE_TIP))
+    pts = np.asarray(lm, np.float64)[idx, :2]
+    m = GLASSES_BOX_MARGIN * d
+    box = (int(pts[:, 0].min() - m), int(pts[:, 1].min() - m),
+           int(np.ceil(pts[:, 0].max() + m)), int(np.ceil(pts[:, 1].max() + m)))
+    return _on_box(image, lm, box, 1.0, _glasses)
+
+
+def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """:func:`glasses_mask` on the image cropped to the eye band."""
     h, w = image.shape[:2]
     out = np.zeros((h, w), np.float32)
     d = eye_distance(lm)
@@ -353,13 +418,13 @@ def glasses_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     keep[0] = False
     out[keep[labels]] = 1.0
     # Where the rim runs under a brow or beside an eye the ridge test is blind:
-    # the fitted ellipse, as thick as the rim measured, is drawn through there.
+    # the fitted ellipse, as thick as the rim measured, is the frame there too.
     canvas = np.zeros((h, w), np.uint8)
     for fit, rim in rims:
         dist = cv2.distanceTransform(rim.astype(np.uint8), cv2.DIST_L2, 3)
         thick = max(1, round(2.0 * float(np.percentile(dist[rim], 90))))
         cv2.ellipse(canvas, fit, 255, thick, cv2.LINE_AA)
-    out[(canvas > 127) & (contrast > 0.5 * FRAME_CONTRAST)] = 1.0
+    out[canvas > 127] = 1.0
     # The rim's anti-aliased edge is the frame's too.
     out = np.asarray(cv2.dilate(out, occ.disc(1.0)), np.float32)
     feats = hair_features(image, lm)
