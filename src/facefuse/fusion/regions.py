@@ -56,7 +56,7 @@ HAIR_DARKER = 0.12
 HAIR_TEXTURE = 1.0
 #: Hair is judged this many eye distances (beyond the lips' own margin) away
 #: from the lips; a region found is then grown up to them.
-LIP_MARGIN = 0.02
+LIP_MARGIN = 0.01
 #: Facial hair is looked for at no more than this eye distance (pixels).
 HAIR_EYE_PX = 96.0
 #: Facial-hair regions smaller than this share of the face's area are dropped.
