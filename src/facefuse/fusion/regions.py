@@ -354,7 +354,7 @@ def _fit_rim(rim: np.ndarray, centre: np.ndarray, d: float) -> tuple[
         return None
     if len(pts) < RIM_ON_ELLIPSE * len(xs):
         return None
-    return fit
+    return (float(cx), float(cy)), (float(a), float(b)), float(fit[2])
 
 
 def glasses_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
