@@ -181,6 +181,10 @@ def _add_fuse_option_flags(parser: argparse._ActionsContainer) -> None:
             kw["help"] = f"switch off (on by default): {spec.help}"
             parser.add_argument(spec.cli, action="store_false", **kw)
             continue
+        if f.default is False:
+            kw["help"] = f"switch on (off by default): {spec.help}"
+            parser.add_argument(spec.cli, action="store_true", **kw)
+            continue
         if f.default is not None:
             kw["help"] = f"{spec.help} (default %(default)s)"
         hint = option_type(f.name)

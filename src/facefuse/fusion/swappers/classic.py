@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
-from facefuse.fusion import detail, light, specular
+from facefuse.fusion import detail, light, regions, specular
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion import symmetry as sym
@@ -269,11 +269,13 @@ class ClassicSwapper:
         w_tex = options.texture_weight
         relight = options.relight and w_tex > 0.0
         src_occ = tgt_occ = None
+        # Facial hair and glasses as regions too, when asked (see FuseOptions).
+        find_occluders = regions.face_occluders if options.hair_and_glasses else occ.occluder_mask
         if options.reject_source_occluders and w_tex > 0.0:
-            src_occ = occ.occluder_mask(
+            src_occ = find_occluders(
                 src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm)))
         if options.keep_target_occluders:
-            tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
+            tgt_occ = find_occluders(tgt_img, tgt_lm)
         fill = sym.plan_fill(src_lm, dst, tris) if options.symmetric_fill and w_tex > 0 else None
         fill = fill if fill is not None and fill.needed else None
         point_sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
