@@ -25,7 +25,7 @@ from facefuse.toolchain.detection_sets import (
 )
 
 #: Corner groups where asking a cut face the whole-face score misses a corner face.
-HARD_CORNERS = ("corners-1280x720-face90-cut0.35", "corners-1920x1080-face50-cut0.20")
+HARD_CORNERS = ("corners-1920x1080-face90-cut0.35", "corners-1920x1080-face50-cut0.20")
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_cut_by_frame_and_fragments_on_known_boxes() -> None:
         [-10, 20, 40, 80],    # past the left edge, centre inside
         [10, 20, 40, 80],     # inside
         [-60, 20, 40, 80],    # centre outside: more than half unseen
-        [70, 90, 130, 130],   # past the right and bottom edges
+        [70, 60, 120, 110],   # past the right and bottom edges
     ], float)
     assert cut_by_frame(boxes, 100, 100).tolist() == [True, False, False, True]
     keep = confident(np.array([0.6, 0.6, 0.6, 0.9]), boxes, 100, 100, 0.8, 0.5)
