@@ -12,9 +12,12 @@ so the server's micro-batcher drives both alike:
    ``sqrt(sigmoid(cls) * sigmoid(obj))``.
 3. :meth:`YuNetDetector.postprocess` decodes them as libfacedetection does
    (prior at ``(col*s, row*s)``; centre ``prior + d*s``; size ``exp(d)*s``;
-   landmarks ``prior + d*s``), keeps scores ≥ the threshold, maps to image
-   pixels, drops tile detections cut by an inner tile edge and merges all
-   passes with libfacedetection's greedy NMS (IoU above 0.45 suppressed).
+   landmarks ``prior + d*s``), maps to image pixels, keeps scores ≥ the
+   threshold (a face cut by the image frame needs only
+   :data:`~facefuse.faces.borders.EDGE_SCORE_THRESHOLD`,
+   :mod:`facefuse.faces.borders`), drops tile detections cut by an inner tile
+   edge and merges all passes with libfacedetection's greedy NMS (IoU above
+   0.45 suppressed).
 
 Keypoints are YuNet's five, in its order: the subject's right eye (on the
 image's left), left eye, nose tip, right and left mouth corners. The first
@@ -27,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from facefuse.errors import InvalidArgumentError
+from facefuse.faces.borders import EDGE_SCORE_THRESHOLD, confident, fragments
 from facefuse.faces.detector_base import (
     BatchedDetector,
     Candidates,
@@ -78,6 +82,7 @@ def decode_yunet(
     strides: np.ndarray,
     transform: Letterbox,
     score_threshold: float,
+    edge_score_threshold: float | None = None,
 ) -> Candidates:
     """One tensor's raw outputs → image-pixel candidates.
 
@@ -87,9 +92,13 @@ def decode_yunet(
         priors, strides: from :func:`yunet_priors`.
         transform: the Letterbox that produced the tensor.
         score_threshold: keep anchors scoring ≥ this.
+        edge_score_threshold: keep anchors whose box is cut by the image frame
+            (:func:`~facefuse.faces.borders.cut_by_frame`) scoring ≥ this; None:
+            ``score_threshold`` for them too.
     """
     probs = np.reshape(scores, -1).astype(np.float64)
-    keep = np.flatnonzero(probs >= score_threshold)
+    edge = score_threshold if edge_score_threshold is None else edge_score_threshold
+    keep = np.flatnonzero(probs >= min(score_threshold, edge))
     if keep.size == 0:
         return empty_candidates()
     raw = regressors.reshape(-1, 14)[keep].astype(np.float64)
@@ -102,6 +111,10 @@ def decode_yunet(
     boxes = corners.reshape(-1, 4)
     kps = transform.to_image(kps)
     score = probs[keep]
+    if edge < score_threshold:
+        ok = confident(score, boxes, transform.image_width, transform.image_height,
+                       score_threshold, edge)
+        boxes, kps, score = boxes[ok], kps[ok], score[ok]
     if transform.is_tile:
         ok = away_from_inner_edges(boxes, transform)
         boxes, kps, score = boxes[ok], kps[ok], score[ok]
@@ -131,6 +144,9 @@ class YuNetDetector(BatchedDetector):
         model: the ``yunet`` model; input ``[N, 3, S, S]`` float32 RGB 0..255,
             outputs ``regressors`` ``[N, A, 14]`` and ``scores`` ``[N, A, 1]``.
         score_threshold: minimum score in (0, 1).
+        edge_score_threshold: minimum score of a detection cut by the image frame,
+            in (0, 1); None: the lower of ``score_threshold`` and
+            :data:`~facefuse.faces.borders.EDGE_SCORE_THRESHOLD`.
         nms_iou: IoU above which a lower-scoring detection is dropped.
         tile_above: images whose long side exceeds this (pixels) are also
             scanned in overlapping tiles.
@@ -142,12 +158,17 @@ class YuNetDetector(BatchedDetector):
         model: LoadedModel,
         *,
         score_threshold: float = 0.5,
+        edge_score_threshold: float | None = None,
         nms_iou: float = NMS_IOU,
         tile_above: int = 1280,
         size: int = INPUT_SIZE,
     ) -> None:
         if not 0.0 < score_threshold < 1.0:
             raise InvalidArgumentError("score_threshold must be in (0, 1)")
+        if edge_score_threshold is None:
+            edge_score_threshold = min(score_threshold, EDGE_SCORE_THRESHOLD)
+        if not 0.0 < edge_score_threshold < 1.0:
+            raise InvalidArgumentError("edge_score_threshold must be in (0, 1)")
         if not 0.0 < nms_iou < 1.0:
             raise InvalidArgumentError("nms_iou must be in (0, 1)")
         if tile_above < size:
@@ -157,6 +178,7 @@ class YuNetDetector(BatchedDetector):
         self.size = int(size)
         self.priors, self.strides = yunet_priors(self.size)
         self.score_threshold = float(score_threshold)
+        self.edge_score_threshold = float(edge_score_threshold)
         self.nms_iou = float(nms_iou)
         self.tile_above = int(tile_above)
 
@@ -182,7 +204,11 @@ class YuNetDetector(BatchedDetector):
     ) -> Candidates:
         """One tensor's (A, 14) regressors and (A,) scores → candidates."""
         return decode_yunet(regressors, scores, self.priors, self.strides, transform,
-                            self.score_threshold)
+                            self.score_threshold, self.edge_score_threshold)
 
     def merge(self, candidates: Candidates) -> Candidates:
-        return greedy_nms(candidates, self.nms_iou)
+        """Greedy NMS, then the border-allowed detections that are pieces of a
+        confident face dropped (:func:`~facefuse.faces.borders.fragments`)."""
+        kept = greedy_nms(candidates, self.nms_iou)
+        ok = ~fragments(kept.boxes, kept.scores, self.score_threshold)
+        return Candidates(kept.boxes[ok], kept.keypoints[ok], kept.scores[ok])

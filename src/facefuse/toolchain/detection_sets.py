@@ -17,6 +17,10 @@ Kinds of case (all deterministic, seeded where random):
 * ``large``: the face filling most of the frame;
 * ``face-free``: scikit-image photos with no face (coffee, a cat, a rocket,
   a motorcycle, a galaxy field): every detection there is a false positive.
+
+Two more sets, apart from :func:`detection_cases`, for the frame's edge
+(:func:`frame_cut_cases`, :func:`corner_cases`): a large face cut out of the photo
+by its own frame, and small faces cut at the four corners of a 1–2 MP group.
 """
 
 from __future__ import annotations
@@ -243,6 +247,80 @@ def edge_cases(photos: dict[str, np.ndarray], face_free: dict[str, np.ndarray]) 
                 _paste(canvas, crop, x, y)
                 yield _case(f"{name}-{side}-{cut:.2f}", "edge", canvas,
                             [(name, compose(affine(1.0, x, y), m))])
+
+
+#: Fractions of the face cut off by the frame in :func:`frame_cut_cases`.
+FRAME_CUTS = (0.2, 0.3, 0.4)
+#: Frame side / face side in :func:`frame_cut_cases` (1.3: the face fills the frame).
+FRAME_SPANS = (1.3, 2.0)
+
+
+def frame_cut_cases(photos: dict[str, np.ndarray]) -> list[Case]:
+    """Each photo cropped so ``cut`` of its face lies outside the left, right, top or
+    bottom edge (kind ``cut``): a frame :data:`FRAME_SPANS` times the face's size
+    (1.25 times taller), clipped to the photo on the other sides. Native pixels,
+    no resampling: what a close selfie or a tight crop does to a face."""
+    out: list[Case] = []
+    for name in sorted(photos):
+        img = photos[name]
+        h, w = img.shape[:2]
+        f = np.array(SAMPLE_FACES[name])
+        fw, fh = f[2] - f[0], f[3] - f[1]
+        for span in FRAME_SPANS:
+            cw, ch = span * fw, span * fh * 1.25
+            for side in ("left", "right", "top", "bottom"):
+                for cut in FRAME_CUTS:
+                    x0 = {"left": f[0] + cut * fw,
+                          "right": f[2] - cut * fw - cw}.get(side, (f[0] + f[2] - cw) / 2)
+                    y0 = {"top": f[1] + cut * fh,
+                          "bottom": f[3] - cut * fh - ch}.get(side, (f[1] + f[3] - ch) / 2)
+                    x1, y1 = min(w, round(x0 + cw)), min(h, round(y0 + ch))
+                    x0, y0 = max(0, round(x0)), max(0, round(y0))
+                    crop = np.ascontiguousarray(img[y0:y1, x0:x1])
+                    out.append(_case(f"{name}-span{span}-{side}-{cut:.2f}", "cut", crop,
+                                     [(name, affine(1.0, -x0, -y0))]))
+    return out
+
+
+#: Face widths (pixels) and the fraction cut off on both axes in :func:`corner_cases`.
+CORNER_WIDTHS = (50, 90, 160)
+CORNER_CUTS = (0.0, 0.2, 0.35)
+#: Image sizes of :func:`corner_cases` (0.9 and 2.1 MP; the second is tiled).
+CORNER_SIZES = ((1280, 720), (1920, 1080))
+
+
+def corner_cases(photos: dict[str, np.ndarray], face_free: dict[str, np.ndarray]) -> list[Case]:
+    """Group photos with a face in each corner (kind ``corner``): four portraits
+    ``face width`` px wide pushed out of the frame by ``cut`` of their size on both
+    axes, and three whole faces (40, 80, 120 px) along the middle, on a face-free
+    photo; every size × width × cut of :data:`CORNER_SIZES`, :data:`CORNER_WIDTHS`,
+    :data:`CORNER_CUTS`. The corner faces come first in ``faces``."""
+    names = sorted(photos)
+    out: list[Case] = []
+    for n, (w, h) in enumerate(CORNER_SIZES):
+        for fwid in CORNER_WIDTHS:
+            for cut in CORNER_CUTS:
+                canvas = _background(face_free, ("rocket", "motorcycle", "coffee")[n % 3], w, h)
+                placed: list[tuple[str, np.ndarray]] = []
+                for k, (right, below) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+                    name = names[k % len(names)]
+                    crop, m = portrait(photos[name], np.array(SAMPLE_FACES[name]), fwid)
+                    face = map_box(m, np.array(SAMPLE_FACES[name]))
+                    fw, fh = face[2] - face[0], face[3] - face[1]
+                    x = int(w - face[2] + cut * fw) if right else int(-face[0] - cut * fw)
+                    y = int(h - face[3] + cut * fh) if below else int(-face[1] - cut * fh)
+                    _paste(canvas, crop, x, y)
+                    placed.append((name, compose(affine(1.0, x, y), m)))
+                for k, fw in enumerate((40.0, 80.0, 120.0)):
+                    name = names[(k + 4) % len(names)]
+                    crop, m = portrait(photos[name], np.array(SAMPLE_FACES[name]), fw)
+                    x = int((k + 1) * w / 4 - crop.shape[1] / 2)
+                    y = int(h / 2 - crop.shape[0] / 2)
+                    _paste(canvas, crop, x, y)
+                    placed.append((name, compose(affine(1.0, x, y), m)))
+                out.append(_case(f"corners-{w}x{h}-face{fwid}-cut{cut:.2f}", "corner", canvas,
+                                 placed))
+    return out
 
 
 def detection_cases(
