@@ -253,6 +253,54 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def cmd_video(args: argparse.Namespace) -> int:
+    """SOURCE... CLIP -o OUT: fuse the source identity into every frame of a clip."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from facefuse.errors import InvalidArgumentError
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.mapping import parse_cli_pair
+    from facefuse.video.codecs import ENCODERS
+    from facefuse.video.engine import VideoFuser, VideoOptions
+
+    if args.list_encoders:
+        import av
+
+        for enc in ENCODERS.values():
+            have = "yes" if enc.codec in av.codecs_available else "no "
+            print(f"{enc.name:5} {enc.codec:11} {have}  {enc.licence}  "
+                  f"({' '.join(enc.containers)})")
+        return 0
+    if len(args.inputs) < 2 or not args.output:
+        raise InvalidArgumentError("give SOURCE... CLIP -o OUTPUT")
+    settings = _settings(args)
+    fuser = FaceFuser(settings)
+    options = VideoOptions(fuse=_fuse_options(args), encoder=args.encoder,
+                           detect_every=args.detect_every, smooth=not args.no_smooth)
+    mapping = [parse_cli_pair(m) for m in args.map] if args.map else None
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total} frames"),
+               TextColumn("{task.fields[fps]:.1f} fps"), TimeRemainingColumn())
+    with Progress(*columns, disable=args.no_progress) as bar:
+        task = bar.add_task("fusing", total=None, fps=0.0)
+
+        def tick(done: int, total: int, fps: float) -> None:
+            bar.update(task, completed=done, total=total, fps=fps)
+
+        report = VideoFuser(fuser).fuse_video(
+            [Path(p) for p in args.inputs[:-1]], Path(args.inputs[-1]), Path(args.output),
+            options, mapping=mapping, progress=tick,
+            reference=Path(args.reference) if args.reference else None)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    print(f"{args.output}: {report.frames} frames ({report.fused_frames} fused) in "
+          f"{report.seconds:.1f}s, {report.fps:.1f} fps, {report.tracks} track(s), "
+          f"{report.cuts} cut(s), encoder {report.encoder}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from facefuse.serving.run import serve
 
@@ -260,6 +308,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.verbose:
         settings = settings.replace(log_level="debug")
     return serve(settings, args.host, args.port, args.workers)
+
+
+def fusion_options(sp: argparse.ArgumentParser) -> None:
+    """The fusion flags of ``fuse`` and ``video`` (one declaration)."""
+    sp.add_argument("--degree", type=float, default=100.0, help="0..100 (default 100)")
+    sp.add_argument("--shape", type=float, help="geometry weight 0..100 (default: degree)")
+    sp.add_argument("--texture", type=float, help="texture weight 0..100 (default: degree)")
+    sp.add_argument("--mode", choices=["one", "many", "reference"], default="one")
+    sp.add_argument("--target-face-index", type=int)
+    sp.add_argument("--reference", help="image of the target person to replace (mode reference)")
+    sp.add_argument("--map", action="append", metavar="SRC[.FACE]=TARGET",
+                    help="face mapping, repeatable: source image SRC (its face FACE, default "
+                    "0 = largest) replaces target face TARGET (an index, largest first, or a "
+                    "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
+    sp.add_argument("--min-face-size", type=float, metavar="PX",
+                    help="smallest face used (source or target), in pixels between the outer eye "
+                    "corners (16..1024, default 40); in mode many and with --map, smaller "
+                    "faces (and faces in profile) are skipped and listed, not fatal")
+    sp.add_argument("--blend", choices=["multiband", "poisson", "alpha"], default="multiband")
+    sp.add_argument("--swapper", default="classic", help="classic or a registered ONNX swapper")
+    sp.add_argument("--no-relight", dest="relight", action="store_false",
+                    help="do not relight the source face with the target's lighting")
+    sp.add_argument("--no-source-occluders", dest="source_occluders", action="store_false",
+                    help="take the source's pixels even where something covers its face")
+    sp.add_argument("--no-target-occluders", dest="target_occluders", action="store_false",
+                    help="paint over whatever covers the target's face")
+    sp.add_argument("--no-symmetric-fill", dest="symmetric_fill", action="store_false",
+                    help="where the source hides part of the face, use the target's own pixels "
+                         "instead of the source's mirrored other half")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -336,37 +413,36 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--overwrite", action="store_true", help="batch: redo existing outputs")
     f.add_argument("--json-report", metavar="JSON", help="batch: write done/skipped/failed")
     f.add_argument("--no-progress", action="store_true", help="batch: no progress bar")
-    f.add_argument("--degree", type=float, default=100.0, help="0..100 (default 100)")
-    f.add_argument("--shape", type=float, help="geometry weight 0..100 (default: degree)")
-    f.add_argument("--texture", type=float, help="texture weight 0..100 (default: degree)")
-    f.add_argument("--mode", choices=["one", "many", "reference"], default="one")
-    f.add_argument("--target-face-index", type=int)
-    f.add_argument("--reference", help="image of the target person to replace (mode reference)")
-    f.add_argument("--map", action="append", metavar="SRC[.FACE]=TARGET",
-                   help="face mapping, repeatable: source image SRC (its face FACE, default "
-                   "0 = largest) replaces target face TARGET (an index, largest first, or a "
-                   "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
-    f.add_argument("--min-face-size", type=float, metavar="PX",
-                   help="smallest face used (source or target), in pixels between the outer eye "
-                   "corners (16..1024, default 40); in mode many and with --map, smaller "
-                   "faces (and faces in profile) are skipped and listed, not fatal")
-    f.add_argument("--blend", choices=["multiband", "poisson", "alpha"], default="multiband")
-    f.add_argument("--swapper", default="classic", help="classic or a registered ONNX swapper")
-    f.add_argument("--no-relight", dest="relight", action="store_false",
-                   help="do not relight the source face with the target's lighting")
-    f.add_argument("--no-source-occluders", dest="source_occluders", action="store_false",
-                   help="take the source's pixels even where something covers its face")
-    f.add_argument("--no-target-occluders", dest="target_occluders", action="store_false",
-                   help="paint over whatever covers the target's face")
-    f.add_argument("--no-symmetric-fill", dest="symmetric_fill", action="store_false",
-                   help="where the source hides part of the face, use the target's own pixels "
-                        "instead of the source's mirrored other half")
+    fusion_options(f)
     f.add_argument("--quality", type=int, default=92, help="JPEG/WebP quality")
     f.add_argument("--report", metavar="JSON", help="write the quality/timing report")
     f.add_argument("--contact-sheet", metavar="PNG",
                    help="write source, target, outputs at degrees 0/50/100 and at 100 "
                         "without relighting and occluder masks")
     f.set_defaults(func=cmd_fuse)
+
+    vd = sub.add_parser(
+        "video", help="fuse the source face into every frame of a clip",
+        description="SOURCE... CLIP -o OUT: the clip with the source identity fused in, "
+        "frame rate, frame count, rotation, colour range and audio kept; written "
+        "atomically.")
+    common(vd)
+    vd.add_argument("inputs", nargs="*", metavar="FILE",
+                    help="source image(s), then the clip")
+    vd.add_argument("-o", "--output", help="output clip (.mp4, .mkv, .webm, .mov)")
+    vd.add_argument("--encoder", default="vp9", help="vp9 (default, BSD), av1 (BSD + AOM "
+                    "patent licence) or x264 (GPL); see --list-encoders")
+    vd.add_argument("--list-encoders", action="store_true",
+                    help="print the encoders, their licences and containers, and exit")
+    vd.add_argument("--detect-every", type=int, default=10, metavar="N",
+                    help="frames between detection passes while faces are tracked "
+                    "(default 10; a cut or a lost face detects at once)")
+    vd.add_argument("--no-smooth", action="store_true",
+                    help="no temporal smoothing of landmarks and tone")
+    vd.add_argument("--no-progress", action="store_true", help="no progress bar")
+    vd.add_argument("--report", metavar="JSON", help="write the clip's report")
+    fusion_options(vd)
+    vd.set_defaults(func=cmd_video)
 
     sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
     common(sv)
