@@ -301,6 +301,12 @@ def cmd_video(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from facefuse.serving.worker import run_worker
+
+    return run_worker(_settings(args), metrics_port=args.metrics_port)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from facefuse.serving.run import serve
 
@@ -443,6 +449,14 @@ def build_parser() -> argparse.ArgumentParser:
     vd.add_argument("--report", metavar="JSON", help="write the clip's report")
     fusion_options(vd)
     vd.set_defaults(func=cmd_video)
+
+    wk = sub.add_parser("worker", help="run fusion jobs from the queue (FACEFUSE_REDIS_URL)",
+                        description="Takes jobs posted to /v1/jobs from the Redis queue, one "
+                        "at a time; SIGTERM finishes or hands back the running job.")
+    common(wk)
+    wk.add_argument("--metrics-port", type=int, default=0,
+                    help="serve Prometheus metrics on this port (default: off)")
+    wk.set_defaults(func=cmd_worker)
 
     sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
     common(sv)

@@ -195,6 +195,9 @@ class Settings:
     jobs_timeout_s: int = 1800
     #: Attempts per job (a retry follows a worker killed mid-job).
     jobs_max_tries: int = 3
+    #: A worker silent this long (no broker heartbeat) is dead: its job goes back on
+    #: the queue for another, seconds.
+    jobs_heartbeat_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -302,7 +305,8 @@ class Settings:
              and s.video_max_fps > 0 and s.video_max_frames >= 1,
              "video limits must be positive (video_max_side >= 16)"),
             (s.jobs_max_queued >= 1 and s.jobs_ttl_s >= 1 and s.jobs_timeout_s >= 1
-             and s.jobs_max_tries >= 1, "jobs_* settings must be >= 1"),
+             and s.jobs_max_tries >= 1 and s.jobs_heartbeat_s >= 1,
+             "jobs_* settings must be >= 1"),
         ]
 
 
