@@ -173,6 +173,9 @@ def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
     with contextlib.closing(_open(path)) as c:
         if not c.streams.video:
             raise InvalidVideoError("the file has no video stream", code="no_video_stream")
+        if c.format.name == "image2" or c.format.name.endswith("_pipe"):
+            raise InvalidVideoError("the file is a still image, not a clip (send images as "
+                                    "a target)", code="no_video_stream")
         v = c.streams.video[0]
         cc = v.codec_context
         fps = Fraction(v.average_rate or v.guessed_rate or v.base_rate or 0)
