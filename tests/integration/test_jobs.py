@@ -53,7 +53,7 @@ def clip_bytes(tmp_path_factory: pytest.TempPathFactory, analyser: FaceAnalyser,
 
 
 def frame_count(data: bytes) -> int:
-    with contextlib.closing(av.open(io.BytesIO(data))) as c:
+    with contextlib.closing(av.open(io.BytesIO(data), "r")) as c:
         return sum(1 for _ in c.decode(c.streams.video[0]))
 
 
@@ -184,7 +184,7 @@ def test_stopped_and_killed_workers_hand_the_job_on(
 
         def running_with_progress() -> bool:
             body = c.get(loc).json()
-            return body["status"] == "running" and body["progress"]["frames_done"] > 0
+            return bool(body["status"] == "running" and body["progress"]["frames_done"] > 0)
 
         # SIGTERM: the job gets its grace (1 s), then goes back on the queue.
         a = stack["worker"]("term")
