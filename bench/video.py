@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import itertools
+
 from report import machine, machine_line, publish, write_json
 
 SIZES = {480: (854, 480), 720: (1280, 720), 1080: (1920, 1080)}
@@ -142,7 +144,7 @@ def flicker(clip: Path, out: Path, height: int) -> float:
     def diffs(path: Path) -> list[np.ndarray]:
         frames = [it.rgb.astype(np.float32) for it in VideoReader(path, probe(path))
                   if isinstance(it, Frame)]
-        return [np.abs(b - a).mean(axis=2) for a, b in zip(frames, frames[1:], strict=False)]
+        return [np.abs(b - a).mean(axis=2) for a, b in itertools.pairwise(frames)]
 
     w, h = SIZES[height]
     side = FACE_720 * height / 720
@@ -175,12 +177,26 @@ def collect(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
     return out
 
 
+def keep(best: dict[tuple[str, int], dict[str, Any]], key: tuple[str, int],
+         row: dict[str, Any]) -> None:
+    """Keep the faster of two runs of one configuration (peak RSS: the larger)."""
+    print(json.dumps(row), flush=True)
+    old = best.get(key)
+    if old is not None:
+        row = {**(row if row["fps"] > old["fps"] else old),
+               "peak_rss_mb": max(row["peak_rss_mb"], old["peak_rss_mb"])}
+    best[key] = row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="480,720", help="comma-separated heights (480,720,1080)")
     ap.add_argument("--frames", type=int, default=60)
     ap.add_argument("--workers", default="1,2", help="worker processes to run at once")
+    ap.add_argument("--repeat", type=int, default=2, help="interleaved runs of each; the "
+                    "fastest is reported")
     ap.add_argument("--benchmarks", action="store_true", help="write BENCHMARKS.md's section")
+    ap.add_argument("--out", help="write video.json here instead of bench/results/")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "CLIP", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -191,32 +207,43 @@ def main() -> None:
         d = Path(tmp)
         for height in (int(s) for s in args.sizes.split(",")):
             clip = make_clip(d / f"clip{height}.mp4", height, args.frames)
-            for n in (int(x) for x in args.workers.split(",")):
-                runs = collect([spawn("engine", clip, d / f"e{height}_{n}_{i}.mp4")
-                                for i in range(n)])
-                row = {"height": height, "kind": "facefuse", "workers": n,
-                       "fps": sum(r["fps"] for r in runs),
-                       "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-                       "flicker": flicker(clip, d / f"e{height}_{n}_0.mp4", height),
-                       "jitter_raw_pct": runs[0]["jitter_raw_pct"],
-                       "jitter_smooth_pct": runs[0]["jitter_smooth_pct"],
-                       "detections": runs[0]["detections"], "frames": runs[0]["frames"]}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            naive = collect([spawn("naive", clip, d / f"n{height}.mp4")])[0]
-            row = {"height": height, "kind": "naive", "workers": 1, "fps": naive["fps"],
-                   "peak_rss_mb": naive["peak_rss_mb"],
-                   "flicker": flicker(clip, d / f"n{height}.mp4", height),
-                   "frames": naive["frames"]}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            best: dict[tuple[str, int], dict[str, Any]] = {}
+            # Interleaved repeats; the fastest of each (the least disturbed on a
+            # shared machine) is reported.
+            for _ in range(args.repeat):
+                for n in (int(x) for x in args.workers.split(",")):
+                    runs = collect([spawn("engine", clip, d / f"e{height}_{n}_{i}.mp4")
+                                    for i in range(n)])
+                    row = {"height": height, "kind": "facefuse", "workers": n,
+                           "fps": sum(r["fps"] for r in runs),
+                           "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+                           "flicker": flicker(clip, d / f"e{height}_{n}_0.mp4", height),
+                           "jitter_raw_pct": runs[0]["jitter_raw_pct"],
+                           "jitter_smooth_pct": runs[0]["jitter_smooth_pct"],
+                           "detections": runs[0]["detections"], "frames": runs[0]["frames"]}
+                    keep(best, ("facefuse", n), row)
+                naive = collect([spawn("naive", clip, d / f"n{height}.mp4")])[0]
+                keep(best, ("naive", 1), {
+                    "height": height, "kind": "naive", "workers": 1, "fps": naive["fps"],
+                    "peak_rss_mb": naive["peak_rss_mb"],
+                    "flicker": flicker(clip, d / f"n{height}.mp4", height),
+                    "frames": naive["frames"]})
+            rows += best.values()
     m = machine()
-    write_json("video", {"machine": m, "frames": args.frames, "rows": rows})
-    lines = [f"Machine: {machine_line(m)}; shared with other work while measured (noisy).",
+    result = {"machine": m, "frames": args.frames, "rows": rows}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "video.json").write_text(json.dumps(result, indent=2) + "\n")
+    else:
+        write_json("video", result)
+    lines = [f"{machine_line(m)} Shared with other engineers' work while measured: "
+             "figures are noisy, the fastest of the interleaved repeats is shown.",
              "", f"`python bench/video.py --sizes {args.sizes} --frames {args.frames} "
-             f"--workers {args.workers}`: a {args.frames}-frame clip of a moving face "
-             f"(~{FACE_720:.0f} px wide at 720p), VP9 out; fps summed over the workers, "
-             "peak RSS the largest worker's.", "",
+             f"--workers {args.workers} --repeat {args.repeat}`: a {args.frames}-frame clip "
+             f"of a moving face (~{FACE_720:.0f} px wide at 720p), VP9 out; fps summed over "
+             "the workers (each its own clip, run at once), peak RSS the largest worker's. "
+             "Flicker: mean |frame-to-frame difference| in the face box, output ÷ input "
+             "clip. Jitter: mean |second difference| of the mesh points over time.", "",
              "| size | run | workers | fps | × naive | peak RSS MB | flicker (× target's) "
              "| jitter raw → smoothed (% eye dist.) |",
              "|---|---|---|---|---|---|---|---|"]

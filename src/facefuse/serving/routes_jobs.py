@@ -43,7 +43,7 @@ from facefuse.serving.fuse_request import SOURCE_FIELDS
 from facefuse.serving.inputs import read_request, validate_params
 from facefuse.serving.jobs import FINAL, JobStore, broker, enqueue, job_options
 from facefuse.serving.routes import _ERRORS, require_key
-from facefuse.serving.schemas import FuseParams, image_request_body
+from facefuse.serving.schemas import ErrorBody, FuseParams, image_request_body
 from facefuse.serving.security import bearer_token
 from facefuse.serving.state import services
 from facefuse.video.io import VideoLimits, probe
@@ -55,8 +55,11 @@ T = TypeVar("T")
 #: Longest ``Idempotency-Key`` accepted, characters.
 MAX_IDEMPOTENCY_KEY = 200
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_key)], responses=_ERRORS,
-                   tags=["jobs"])
+router = APIRouter(
+    prefix="/v1", dependencies=[Depends(require_key)], tags=["jobs"],
+    responses={**_ERRORS,
+               404: {"model": ErrorBody, "description": "No such job (or another key's)"},
+               409: {"model": ErrorBody, "description": "The job has no result (yet)"}})
 
 
 class JobParams(FuseParams):
@@ -87,6 +90,9 @@ def _jobs(request: Request) -> _Jobs:
     jobs: _Jobs | None = getattr(app.state, "jobs", None)
     if jobs is None:
         settings = services(request).settings
+        if not settings.redis_url:
+            raise CacheUnavailableError("jobs need Redis: this server has no FACEFUSE_REDIS_URL",
+                                        code="jobs_unavailable")
         jobs = _Jobs(JobStore(settings), broker(settings))
         app.state.jobs = jobs
     return jobs
@@ -182,7 +188,10 @@ async def get_job(job_id: str, request: Request) -> JSONResponse:
 
 
 @router.get("/jobs/{job_id}/result", summary="A finished job's fused clip or image",
-            responses={409: {"description": "Not finished (or failed, or cancelled)"}})
+            responses={200: {"description": "The fused clip or image",
+                             "content": {"video/mp4": {}, "video/webm": {},
+                                         "video/x-matroska": {}, "video/quicktime": {},
+                                         "image/jpeg": {}, "image/png": {}, "image/webp": {}}}})
 async def get_result(job_id: str, request: Request) -> Response:
     jobs = _jobs(request)
     job = await _redis(jobs.store.get, job_id, _owner(request))
