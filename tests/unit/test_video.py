@@ -33,7 +33,7 @@ def clips(tmp_path_factory: pytest.TempPathFactory, analyser: FaceAnalyser,
     """The test clips, written once: ``motion`` (25 fps, audio), ``story`` (a second
     face enters and leaves, then a cut to another photo of the first person),
     ``rotated`` (a phone clip, display matrix 90°), ``vfr`` (irregular frame times),
-    ``wall`` (no face)."""
+    ``wall`` (no face), ``dimming`` (the light falls to 60 % over 12 frames)."""
     d = tmp_path_factory.mktemp("clips")
     im = sample_images
     times = [0.0]
@@ -46,6 +46,8 @@ def clips(tmp_path_factory: pytest.TempPathFactory, analyser: FaceAnalyser,
         "rotated": clip(d / "rotated.mp4", [scene(analyser, im["obama3"], 8)], rotation=90),
         "vfr": clip(d / "vfr.mp4", [scene(analyser, im["obama"], 16)], times=times),
         "wall": blank(d / "wall.mp4", 6, audio=True),
+        "dimming": clip(d / "dimming.mp4", [scene(analyser, im["obama"], 12, light=(1.0, 0.6),
+                                                  amplitude=0.3)]),
     }
 
 
@@ -129,6 +131,24 @@ def test_no_face_clip_is_reencoded_unchanged(video: VideoFuser, clips: dict[str,
     assert report.fused_frames == 0 and report.frames == 6
     assert any("no frame" in n for n in report.notes)
     assert len(frames_of(out)) == 6 and audio_packets(out) == audio_packets(clips["wall"])
+
+
+def test_fused_face_follows_a_lighting_change(video: VideoFuser, clips: dict[str, Path],
+                                              sample_paths: dict[str, Path],
+                                              tmp_path: Path) -> None:
+    """The tone smoothing steadies flicker but must not hold the face at the old light."""
+    out = tmp_path / "dim.mp4"
+    video.fuse_video(sample_paths[SOURCE], clips["dimming"], out)
+    src, dst = frames_of(clips["dimming"]), frames_of(out)
+    box = (slice(140, 220), slice(140, 200))  # the middle of the face (it barely moves)
+
+    def level(frames: list[Any], i: int) -> float:
+        return float(frames[i][3][box].astype(np.float32).mean())
+
+    want = level(src, -1) / level(src, 0)
+    got = level(dst, -1) / level(dst, 0)
+    assert want < 0.7
+    assert abs(got - want) < 0.08
 
 
 # --- tracking ----------------------------------------------------------------------------
