@@ -42,7 +42,7 @@ from facefuse.faces import stages
 from facefuse.faces.types import Detection, Face
 from facefuse.fusion.engine import FaceFuser, blend_layer
 from facefuse.fusion.geometry import eye_distance
-from facefuse.fusion.mapping import FacePair, parse_mapping
+from facefuse.fusion.mapping import FacePair, iou, parse_mapping
 from facefuse.fusion.select import check_usable, pick_source, usability_error
 from facefuse.fusion.swappers.base import Swapper
 from facefuse.fusion.types import FuseOptions
@@ -58,7 +58,7 @@ from facefuse.video.io import (
     probe,
 )
 from facefuse.video.smoothing import ToneStabiliser
-from facefuse.video.tracker import Track, Tracker, detection_from_mesh, iou
+from facefuse.video.tracker import Track, Tracker, detection_from_mesh
 
 __all__ = ["ClipFusion", "FrameStats", "Progress", "VideoFuser", "VideoOptions", "VideoReport"]
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from facefuse.faces.types import Detection, Face
+from facefuse.fusion.mapping import iou
 from facefuse.video.smoothing import OneEuroFilter
 
-__all__ = ["Track", "Tracker", "detection_from_mesh", "iou", "mesh_box"]
+__all__ = ["Track", "Tracker", "detection_from_mesh", "mesh_box"]
 
 #: Mesh points of the image-left eye, the image-right eye, nose tip, mouth centre,
 #: and the two ear-side cheek points (BlazeFace's six keypoints, in its order).
@@ -35,15 +36,6 @@ def mesh_box(landmarks: np.ndarray) -> np.ndarray:
     """(4,) float64 ``x0, y0, x1, y1`` of the mesh's points (first 468)."""
     pts = np.asarray(landmarks, np.float64)[:468, :2]
     return np.concatenate([pts.min(axis=0), pts.max(axis=0)])
-
-
-def iou(a: np.ndarray, b: np.ndarray) -> float:
-    """Intersection over union of two ``x0, y0, x1, y1`` boxes."""
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return float(inter / union) if union > 0 else 0.0
 
 
 def _keypoints(landmarks: np.ndarray) -> np.ndarray:
