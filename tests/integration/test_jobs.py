@@ -204,3 +204,37 @@ def test_stopped_and_killed_workers_hand_the_job_on(
         assert frame_count(res.content) == 60
         # Exactly one result stored.
         assert len(list(r_store.scan_iter("facefuse:job:*:result"))) == 1
+
+
+def test_job_routes_keep_to_their_schema(settings: Settings, model_dir: Path,
+                                         redis_server: Any, tmp_path: Path,
+                                         sample_images: dict[str, np.ndarray]) -> None:
+    """schemathesis on every /v1/jobs operation (valid and invalid requests, real and
+    mutated photos): documented statuses and bodies only, never a 5xx (the queue is
+    large enough that it never fills here)."""
+    import schemathesis
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode
+    from test_server_fuzz import _fuzz, fuzz_images
+
+    images = fuzz_images.__wrapped__(sample_images)  # type: ignore[attr-defined]
+    env = {"FACEFUSE_REDIS_URL": redis_server.url, "FACEFUSE_JOBS_MAX_QUEUED": "10000",
+           "FACEFUSE_MAX_BODY_BYTES": str(4 * 1024 * 1024)}
+    api = ServerProcess(settings.home, tmp_path, env, name="jobs-fuzz").start()
+    try:
+        schema = schemathesis.openapi.from_url(api.url + "/openapi.json")
+        ops = [r.ok() for r in schema.get_all_operations()]
+        ops = [op for op in ops if op.path.startswith("/v1/jobs")]
+        assert len(ops) == 4, [op.label for op in ops]
+        failures = {}
+        for op in ops:
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                try:
+                    _fuzz(op, mode, images)()
+                except Unsatisfiable:
+                    assert mode is GenerationMode.NEGATIVE
+                except Exception as exc:
+                    failures[f"{op.label} ({mode.value})"] = str(exc)[:2000]
+        assert not failures, "\n\n".join(f"{k}:\n{v}" for k, v in failures.items())
+    finally:
+        api.kill()
