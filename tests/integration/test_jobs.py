@@ -238,3 +238,30 @@ def test_job_routes_keep_to_their_schema(settings: Settings, model_dir: Path,
         assert not failures, "\n\n".join(f"{k}:\n{v}" for k, v in failures.items())
     finally:
         api.kill()
+
+
+def test_redis_restarted_mid_job_loses_nothing(stack: dict[str, Any], redis_server: Any,
+                                               clip_bytes: dict[str, bytes],
+                                               sample_paths: dict[str, Path]) -> None:
+    """Redis restarts (a save, a stop, a start: an upgrade) while a clip is fused; the
+    API answers 503 meanwhile, the worker waits for it, and the job finishes once."""
+    api: ServerProcess = stack["api"]
+    with api.client(USER_TOKEN) as c:
+        loc = post_clip(c, sample_paths["biden"].read_bytes(), clip_bytes["long"]).headers[
+            "location"]
+        stack["worker"]("w1")
+        wait_for(lambda: c.get(loc).json()["progress"]["frames_done"] > 0, 240,
+                 "the job never ran")
+        assert c.get(loc).json()["status"] == "running"
+        with contextlib.suppress(redis.ConnectionError):
+            stack["redis"].shutdown(save=True)
+        redis_server.proc.wait(timeout=30)
+        redis_server.proc = None
+        down = c.get(loc)
+        assert (down.status_code, down.json()["error"]["code"]) == (503, "jobs_unavailable")
+        redis_server.start()
+        done = wait_state(c, loc, {"succeeded", "failed"}, timeout=400)
+        assert done["status"] == "succeeded", done
+        assert frame_count(c.get(loc + "/result").content) == 60
+        assert len(list(redis.Redis.from_url(redis_server.url)
+                        .scan_iter("facefuse:job:*:result"))) == 1

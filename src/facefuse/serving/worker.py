@@ -10,6 +10,9 @@ Signals:
 * SIGTERM / SIGINT: stop taking jobs; the running job has ``shutdown_grace_s``
   to finish, then it is handed back to the queue (state ``queued`` again) and the
   process exits. No job is dropped.
+* Redis restarting or failing over mid-job: progress writes and cancel checks are
+  skipped while it is away; the job's bookkeeping (claim, result, errors) waits up
+  to :data:`REDIS_PATIENCE_S` for it to come back.
 * SIGKILL (or a lost node): the broker stops seeing this worker's heartbeats;
   after ``jobs_heartbeat_s`` its unacknowledged message goes back on the queue
   and another worker runs the job from the start (attempt 2). A job that has
@@ -29,8 +32,9 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from facefuse.config import Settings
 from facefuse.errors import CancelledError, FacefuseError
@@ -48,6 +52,41 @@ log = logging.getLogger("facefuse.worker")
 PROGRESS_EVERY_S = 0.5
 _CLIP_TYPES = {"mp4": "video/mp4", "webm": "video/webm", "mkv": "video/x-matroska",
                "mov": "video/quicktime"}
+
+
+#: How long a job's bookkeeping waits for Redis to come back (a restart, a failover)
+#: before the attempt gives up, seconds.
+REDIS_PATIENCE_S = 60.0
+
+T = TypeVar("T")
+
+
+def patient(fn: Callable[..., T], *args: Any, seconds: float = REDIS_PATIENCE_S) -> T:
+    """``fn(*args)``, retried with back-off while Redis is unreachable (connection
+    errors and timeouts only), up to ``seconds``."""
+    import redis
+
+    end = time.monotonic() + seconds
+    delay = 0.2
+    while True:
+        try:
+            return fn(*args)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if time.monotonic() + delay > end:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def best_effort(fn: Callable[..., T], *args: Any, default: T) -> T:
+    """``fn(*args)``, or ``default`` while Redis is unreachable (progress, cancel checks:
+    the job goes on)."""
+    import redis
+
+    try:
+        return fn(*args)
+    except redis.RedisError:
+        return default
 
 
 class HandBackError(Exception):
@@ -69,13 +108,13 @@ class JobRunner:
         self.handing_back = threading.Event()
 
     def __call__(self, job_id: str) -> None:
-        attempt = self.store.claim(job_id, self.name)
+        attempt = patient(self.store.claim, job_id, self.name)
         if attempt is None:
             log.info("job %s is gone or over; skipped", job_id)
             return
-        job = self.store.get(job_id)
+        job = patient(self.store.get, job_id)
         if attempt > self.settings.jobs_max_tries:
-            self.store.fail(job_id, "job_failed_repeatedly",
+            patient(self.store.fail, job_id, "job_failed_repeatedly",
                             f"the job stopped its worker {attempt - 1} times")
             self._count(job.kind, "failed")
             return
@@ -83,25 +122,25 @@ class JobRunner:
         try:
             data, ctype, report = self._run(job_id, job.kind, job.options)
         except HandBackError:
-            self.store.requeue(job_id)
+            patient(self.store.requeue, job_id)
             self._count(job.kind, "requeued")
             raise  # Dramatiq's retry puts the message back on the queue
         except CancelledError:
             self._count(job.kind, "cancelled")
             return
         except FacefuseError as exc:  # bad input: retrying would fail the same way
-            self.store.fail(job_id, exc.code, exc.message)
+            patient(self.store.fail, job_id, exc.code, exc.message)
             self._count(job.kind, "failed")
             return
         except Exception as exc:
             log.exception("job %s failed", job_id)
             if attempt >= self.settings.jobs_max_tries:
-                self.store.fail(job_id, "internal_error", f"{type(exc).__name__}")
+                patient(self.store.fail, job_id, "internal_error", f"{type(exc).__name__}")
                 self._count(job.kind, "failed")
                 return
-            self.store.requeue(job_id)
+            patient(self.store.requeue, job_id)
             raise
-        won = self.store.finish(job_id, data, ctype, report)
+        won = patient(self.store.finish, job_id, data, ctype, report)
         self._count(job.kind, "succeeded" if won else "duplicate")
         if self.metrics is not None and won:
             self.metrics.duration.labels(job.kind).observe(time.monotonic() - t0)
@@ -114,7 +153,7 @@ class JobRunner:
 
     def _run(self, job_id: str, kind: str, raw: dict[str, Any]
              ) -> tuple[bytes, str, dict[str, Any]]:
-        files = self.store.files(job_id)
+        files = patient(self.store.files, job_id)
         video_opts, mapping, out_format, quality = job_options(raw, kind)
         # "source", "source_1", ... (at most six: the names sort in index order).
         sources = [files[k] for k in sorted(files) if k == "source" or k.startswith("source_")]
@@ -131,7 +170,7 @@ class JobRunner:
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY_S or done == total:
                 last[0] = now
-                self.store.progress(job_id, done, total, fps)
+                best_effort(self.store.progress, job_id, done, total, fps, default=None)
 
         checked = [0.0, False]
 
@@ -141,7 +180,7 @@ class JobRunner:
             now = time.monotonic()
             if now - float(checked[0]) >= PROGRESS_EVERY_S:
                 checked[0] = now
-                checked[1] = self.store.cancel_requested(job_id)
+                checked[1] = best_effort(self.store.cancel_requested, job_id, default=False)
             return bool(checked[1])
 
         with tempfile.TemporaryDirectory(prefix="facefuse-job-") as tmp:
