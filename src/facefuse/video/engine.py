@@ -386,8 +386,8 @@ class VideoFuser:
         state = ClipFusion(self.fuser, options, sources, reference=reference, mapping=mapping)
         report = VideoReport(info=info.to_dict(), encoder=enc.name, notes=list(state.notes))
         total = info.expected_frames
-        reader = _Pipe(iter(VideoReader(clip, info, self.limits)), options.window, "decode")
         with VideoWriter(out, info, enc, clip) as writer:
+            reader = _Pipe(iter(VideoReader(clip, info, self.limits)), options.window, "decode")
             sink = _Sink(writer, options.window)
             try:
                 for item in reader:
