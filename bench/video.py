@@ -266,7 +266,8 @@ def section(result: dict[str, Any]) -> list[str]:
     """The BENCHMARKS.md section of one run's results."""
     rows, frames = result["rows"], result["frames"]
     lines = [f"{machine_line(result['machine'])} Shared with other engineers' work while "
-             "measured (load averages of 2 to 17 on 2 cores): wall-clock fps swung up to 3x between "
+             "measured (load averages of 2 to 17 on 2 cores): wall-clock fps swung up to 3x "
+             "between "
              "repeats of one configuration, so compare the CPU columns; the fps shown is "
              "the fastest of the interleaved repeats.",
              "", f"`{result['command']}`: a {frames}-frame clip of a moving face "
