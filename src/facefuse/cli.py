@@ -297,6 +297,60 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def cmd_video(args: argparse.Namespace) -> int:
+    """SOURCE... CLIP -o OUT: fuse the source identity into every frame of a clip."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from facefuse.errors import InvalidArgumentError
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.mapping import parse_cli_pair
+    from facefuse.video.codecs import ENCODERS
+    from facefuse.video.engine import VideoFuser, VideoOptions
+
+    if args.list_encoders:
+        import av
+
+        for enc in ENCODERS.values():
+            have = "yes" if enc.codec in av.codecs_available else "no "
+            print(f"{enc.name:5} {enc.codec:11} {have}  {enc.licence}  "
+                  f"({' '.join(enc.containers)})")
+        return 0
+    if len(args.inputs) < 2 or not args.output:
+        raise InvalidArgumentError("give SOURCE... CLIP -o OUTPUT")
+    settings = _settings(args)
+    fuser = FaceFuser(settings)
+    options = VideoOptions(fuse=_fuse_options(args), encoder=args.encoder,
+                           detect_every=args.detect_every, smooth=not args.no_smooth)
+    mapping = [parse_cli_pair(m) for m in args.map] if args.map else None
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total} frames"),
+               TextColumn("{task.fields[fps]:.1f} fps"), TimeRemainingColumn())
+    with Progress(*columns, disable=args.no_progress) as bar:
+        task = bar.add_task("fusing", total=None, fps=0.0)
+
+        def tick(done: int, total: int, fps: float) -> None:
+            bar.update(task, completed=done, total=total, fps=fps)
+
+        report = VideoFuser(fuser).fuse_video(
+            [Path(p) for p in args.inputs[:-1]], Path(args.inputs[-1]), Path(args.output),
+            options, mapping=mapping, progress=tick,
+            reference=Path(args.reference) if args.reference else None)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    print(f"{args.output}: {report.frames} frames ({report.fused_frames} fused) in "
+          f"{report.seconds:.1f}s, {report.fps:.1f} fps, {report.tracks} track(s), "
+          f"{report.cuts} cut(s), encoder {report.encoder}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from facefuse.serving.worker import run_worker
+
+    return run_worker(_settings(args), metrics_port=args.metrics_port)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from facefuse.serving.run import serve
 
@@ -309,6 +363,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _common(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--models-dir", help="model directory (default $FACEFUSE_HOME/models)")
     sp.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+
+
+def _fusion_flags(sp: argparse.ArgumentParser) -> None:
+    """The fusion flags of ``fuse`` and ``video`` (one declaration): the reference,
+    the mapping and every fusion option."""
+    sp.add_argument("--reference", help="image of the target person to replace (mode reference)")
+    sp.add_argument("--map", action="append", metavar="SRC[.FACE]=TARGET",
+                    help="face mapping, repeatable: source image SRC (its face FACE, default "
+                    "0 = largest) replaces target face TARGET (an index, largest first, or a "
+                    "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
+    _add_fuse_option_flags(sp.add_argument_group("fusion options"))
 
 
 def _add_models_parser(sub: Any) -> None:
@@ -379,18 +444,47 @@ def _add_fuse_parser(sub: Any) -> None:
     f.add_argument("--overwrite", action="store_true", help="batch: redo existing outputs")
     f.add_argument("--json-report", metavar="JSON", help="batch: write done/skipped/failed")
     f.add_argument("--no-progress", action="store_true", help="batch: no progress bar")
-    f.add_argument("--reference", help="image of the target person to replace (mode reference)")
-    f.add_argument("--map", action="append", metavar="SRC[.FACE]=TARGET",
-                   help="face mapping, repeatable: source image SRC (its face FACE, default "
-                   "0 = largest) replaces target face TARGET (an index, largest first, or a "
-                   "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
-    _add_fuse_option_flags(f.add_argument_group("fusion options"))
+    _fusion_flags(f)
     f.add_argument("--quality", type=int, default=92, help="JPEG/WebP quality")
     f.add_argument("--report", metavar="JSON", help="write the quality/timing report")
     f.add_argument("--contact-sheet", metavar="PNG",
                    help="write source, target, outputs at degrees 0/50/100 and at 100 "
                         "without relighting and occluder masks")
     f.set_defaults(func=cmd_fuse)
+
+
+def _add_video_parsers(sub: Any) -> None:
+    """``facefuse video`` and ``facefuse worker``."""
+    vd = sub.add_parser(
+        "video", help="fuse the source face into every frame of a clip",
+        description="SOURCE... CLIP -o OUT: the clip with the source identity fused in, "
+        "frame rate, frame count, rotation, colour range and audio kept; written "
+        "atomically.")
+    _common(vd)
+    vd.add_argument("inputs", nargs="*", metavar="FILE",
+                    help="source image(s), then the clip")
+    vd.add_argument("-o", "--output", help="output clip (.mp4, .mkv, .webm, .mov)")
+    vd.add_argument("--encoder", default="vp9", help="vp9 (default, BSD), av1 (BSD + AOM "
+                    "patent licence) or x264 (GPL); see --list-encoders")
+    vd.add_argument("--list-encoders", action="store_true",
+                    help="print the encoders, their licences and containers, and exit")
+    vd.add_argument("--detect-every", type=int, default=10, metavar="N",
+                    help="frames between detection passes while faces are tracked "
+                    "(default 10; a cut or a lost face detects at once)")
+    vd.add_argument("--no-smooth", action="store_true",
+                    help="no temporal smoothing of landmarks and tone")
+    vd.add_argument("--no-progress", action="store_true", help="no progress bar")
+    vd.add_argument("--report", metavar="JSON", help="write the clip's report")
+    _fusion_flags(vd)
+    vd.set_defaults(func=cmd_video)
+
+    wk = sub.add_parser("worker", help="run fusion jobs from the queue (FACEFUSE_REDIS_URL)",
+                        description="Takes jobs posted to /v1/jobs from the Redis queue, one "
+                        "at a time; SIGTERM finishes or hands back the running job.")
+    _common(wk)
+    wk.add_argument("--metrics-port", type=int, default=0,
+                    help="serve Prometheus metrics on this port (default: off)")
+    wk.set_defaults(func=cmd_worker)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -404,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_samples)
     _add_analyse_parser(sub)
     _add_fuse_parser(sub)
+    _add_video_parsers(sub)
     sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
     _common(sv)
     sv.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")

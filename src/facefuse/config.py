@@ -189,6 +189,27 @@ class Settings:
     templates_max_count: int = 200
     templates_max_bytes: int = 512 * 1024 * 1024
 
+    # --- video and jobs (see docs/video.md) --------------------------------------------
+    #: Limits of one clip (checked from the container header before decoding): bytes,
+    #: seconds, the longer side in pixels, frames per second, and frames.
+    video_max_bytes: int = 64 * 1024 * 1024
+    video_max_duration_s: float = 300.0
+    video_max_side: int = 1920
+    video_max_fps: float = 60.0
+    video_max_frames: int = 18_000
+    #: Jobs waiting in the queue beyond which ``POST /v1/jobs`` answers 503 + Retry-After.
+    jobs_max_queued: int = 32
+    #: How long a finished job (status and result) is kept, seconds.
+    jobs_ttl_s: int = 24 * 3600
+    #: Longest a job may run, seconds; a worker that dies mid-job has its job retried
+    #: on another this long (plus a margin) after it started.
+    jobs_timeout_s: int = 1800
+    #: Attempts per job (a retry follows a worker killed mid-job).
+    jobs_max_tries: int = 3
+    #: A worker silent this long (no broker heartbeat) is dead: its job goes back on
+    #: the queue for another, seconds.
+    jobs_heartbeat_s: float = 30.0
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -296,6 +317,12 @@ class Settings:
              "templates_max_count and templates_max_bytes must be >= 1"),
             (not s.redis_url or s.redis_url.startswith(("redis://", "rediss://", "unix://")),
              "redis_url must start with redis://, rediss:// or unix://"),
+            (s.video_max_bytes > 0 and s.video_max_duration_s > 0 and s.video_max_side >= 16
+             and s.video_max_fps > 0 and s.video_max_frames >= 1,
+             "video limits must be positive (video_max_side >= 16)"),
+            (s.jobs_max_queued >= 1 and s.jobs_ttl_s >= 1 and s.jobs_timeout_s >= 1
+             and s.jobs_max_tries >= 1 and s.jobs_heartbeat_s >= 1,
+             "jobs_* settings must be >= 1"),
         ]
 
 

@@ -247,3 +247,52 @@ class TemplateStoreFullError(FacefuseError):
     code = "template_store_full"
     http_status = 507
     exit_code = 7
+
+
+# --- video and jobs --------------------------------------------------------------------
+
+
+class InvalidVideoError(FacefuseError):
+    """The bytes are not a video clip we can use.
+
+    Refined codes: ``corrupt_video`` (the container or a frame cannot be decoded),
+    ``no_video_stream``, ``unsupported_container`` (the output suffix or an audio
+    codec it cannot hold).
+    """
+
+    code = "invalid_video"
+    http_status = 400
+    exit_code = 3
+
+
+class VideoTooLargeError(InvalidVideoError):
+    """Over a clip limit. Refined codes: ``video_too_large`` (bytes),
+    ``video_too_long`` (seconds or frames), ``video_resolution_too_high``,
+    ``video_fps_too_high``."""
+
+    code = "video_too_large"
+    http_status = 413
+
+
+class CancelledError(FacefuseError):
+    """The work was cancelled (a job deleted while it ran)."""
+
+    code = "cancelled"
+    http_status = 409
+    exit_code = 7
+
+
+class JobNotFoundError(FacefuseError):
+    """No job has that id for this key (or it expired)."""
+
+    code = "job_not_found"
+    http_status = 404
+    exit_code = 2
+
+
+class JobNotFinishedError(FacefuseError):
+    """The job has no result (yet): it is queued, running, failed or cancelled."""
+
+    code = "job_not_finished"
+    http_status = 409
+    exit_code = 2

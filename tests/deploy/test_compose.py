@@ -95,8 +95,10 @@ def test_prometheus_scrapes_every_replica_and_loads_the_rules() -> None:
     services = load("compose.yaml")["services"]
     replicas = sorted(name for name in services if name.startswith("facefuse-"))
     prom = load("prometheus.yml")
-    (job,) = prom["scrape_configs"]
+    job, worker = prom["scrape_configs"]
     targets = job["static_configs"][0]["targets"]
+    assert worker["static_configs"][0]["targets"] == ["worker:9101"]
+    assert "worker" in services
     assert sorted(t.split(":")[0] for t in targets) == replicas == ["facefuse-1", "facefuse-2"]
     mounted = " ".join(services["prometheus"]["volumes"])
     for rule_file in prom["rule_files"]:
@@ -119,3 +121,11 @@ def test_replicas_drain_before_they_are_killed() -> None:
         grace = int(svc["stop_grace_period"].rstrip("s"))
         assert grace > int(svc["environment"]["FACEFUSE_SHUTDOWN_GRACE_S"])
         assert svc["read_only"] is True and "/tmp" in svc["tmpfs"][0]
+
+
+def test_worker_hands_its_job_back_before_it_is_killed() -> None:
+    svc = load("compose.yaml")["services"]["worker"]
+    assert svc["entrypoint"] == ["facefuse", "worker"]
+    grace = int(svc["stop_grace_period"].rstrip("s"))
+    assert grace >= int(svc["environment"]["FACEFUSE_SHUTDOWN_GRACE_S"]) + 30
+    assert svc["environment"]["FACEFUSE_REDIS_URL"].startswith("redis://redis:")

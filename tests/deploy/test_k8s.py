@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())
 DOCKERFILES = [ROOT / "deploy" / "Dockerfile", ROOT / "deploy" / "Dockerfile.gpu"]
-#: Custom resources (Prometheus Operator) have no schema in kubernetes-validate.
-CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+#: Custom resources (Prometheus Operator, KEDA) have no schema in kubernetes-validate.
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "PodMonitor", "ScaledObject",
+                "TriggerAuthentication"}
 #: The Kubernetes version whose schemas the manifests must satisfy.
 K8S_VERSION = "1.30.0"
 
@@ -141,9 +142,34 @@ def test_deployment_contract(rendered: tuple[str, list[dict[str, Any]], Path]) -
         assert any(m["mountPath"] == "/models" and m.get("readOnly") for m in container["volumeMounts"])
 
 
-def test_prometheus_rule_matches_the_rule_file() -> None:
-    rule = yaml.safe_load((K8S / "components" / "monitoring" / "prometheusrule.yaml").read_text())
-    plain = yaml.safe_load((ROOT / "deploy" / "prometheus" / "facefuse-rules.yml").read_text())
+def test_worker_contract() -> None:
+    """The redis overlay runs job workers: one job per pod, scaled by KEDA on the
+    queue's Redis list, with time to hand a job back on SIGTERM."""
+    docs = render("redis")
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    spec = by[("Deployment", "facefuse-worker")]["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["command"] == ["facefuse", "worker"]
+    settings = by[("ConfigMap", "facefuse-settings")]["data"]
+    assert int(settings["FACEFUSE_SHUTDOWN_GRACE_S"]) + 30 <= spec["terminationGracePeriodSeconds"]
+    assert int(settings["FACEFUSE_MAX_BODY_BYTES"]) >= int(settings["FACEFUSE_VIDEO_MAX_BYTES"])
+    scaled = by[("ScaledObject", "facefuse-worker")]["spec"]
+    assert scaled["scaleTargetRef"]["name"] == "facefuse-worker"
+    (trigger,) = scaled["triggers"]
+    from facefuse.serving.jobs import NAMESPACE, QUEUE
+
+    assert trigger["type"] == "redis" and trigger["metadata"]["listName"] == f"{NAMESPACE}:{QUEUE}"
+    redis_conf = by[("ConfigMap", "redis-config")]["data"]["redis.conf"]
+    assert "maxmemory-policy noeviction" in redis_conf and "appendonly yes" in redis_conf
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+
+
+@pytest.mark.parametrize(("component", "rules"), [("monitoring", "facefuse-rules.yml"),
+                                                  ("jobs", "facefuse-jobs-rules.yml")])
+def test_prometheus_rule_matches_the_rule_file(component: str, rules: str) -> None:
+    rule = yaml.safe_load((K8S / "components" / component / "prometheusrule.yaml").read_text())
+    plain = yaml.safe_load((ROOT / "deploy" / "prometheus" / rules).read_text())
     assert rule["spec"]["groups"] == plain["groups"]
 
 

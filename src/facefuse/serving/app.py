@@ -39,6 +39,7 @@ from facefuse.serving.openapi import install_openapi
 from facefuse.serving.pipeline import Pipeline
 from facefuse.serving.playground import install_playground
 from facefuse.serving.routes import router
+from facefuse.serving.routes_jobs import router as jobs_router
 from facefuse.serving.routes_templates import router as product_router
 from facefuse.serving.security import ApiKeys, BodyLimitMiddleware
 from facefuse.serving.state import Services
@@ -187,6 +188,8 @@ def create_app(
     app.state.services = svc
     app.include_router(router)
     app.include_router(product_router)
+    if settings.redis_url:  # jobs live in Redis: without it the routes do not exist
+        app.include_router(jobs_router)
     install_playground(app)
     install_openapi(app, settings, keys)
     install_error_handlers(app)

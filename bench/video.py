@@ -1,0 +1,307 @@
+"""Benchmark: video fusion — frames/s, flicker, landmark jitter and peak RSS.
+
+For each size (480p, 720p, 1080p: a moving face of about 200 px at 720p, scaled
+with the frame) a clip is made from a sample photo with PyAV
+(:mod:`facefuse.toolchain.clips`), then fused
+
+* by ``facefuse video`` (:class:`~facefuse.video.engine.VideoFuser`: the source
+  analysed once, detection every 10 frames, the mesh tracked, 1€ smoothing,
+  decode/fuse/encode threads), with 1 and 2 worker processes at once (each its
+  own clip; frames/s summed), and
+* by a naive loop: every frame decoded, detected, analysed and fused on its
+  own (``FaceFuser.fuse(source, frame)``, the source re-analysed too), then
+  encoded with the same encoder.
+
+Each run is its own process (peak RSS is its VmHWM). Measures:
+
+* **fps**: frames / wall seconds of the whole run (decode to the last byte written);
+* **flicker**: mean absolute difference between consecutive output frames inside
+  the face box, as a ratio to the same measure on the input clip (1.0: the fused
+  face changes exactly as much as the original did);
+* **jitter**: mean absolute second difference of the mesh points over time, in
+  % of the eye distance, before (raw tracked mesh) and after the 1€ filter.
+
+    .venv/bin/python bench/video.py [--sizes 480,720] [--frames 60] [--benchmarks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import itertools
+
+from report import machine, machine_line, publish, write_json
+
+SIZES = {480: (854, 480), 720: (1280, 720), 1080: (1920, 1080)}
+#: Face width at 720p, pixels (scaled with the frame height for the other sizes).
+FACE_720 = 200.0
+SOURCE, TARGET = "biden", "obama"
+
+
+def make_clip(path: Path, height: int, frames: int) -> Path:
+    """The clip of ``TARGET`` moving, at ``height``p."""
+    from facefuse import default_analyser
+    from facefuse.config import Settings
+    from facefuse.imaging.decode import decode_image
+    from facefuse.toolchain.clips import Scene, motion_frames, write_clip
+
+    settings = Settings.from_env()
+    photo = decode_image(settings.samples_dir / f"{TARGET}.jpg")
+    b = default_analyser(settings).analyse(photo, embed=False)[0].bbox
+    face = (float(b[0] + b[2]) / 2, float(b[1] + b[3]) / 2, float(b[2] - b[0]))
+    scene = Scene(photo, frames, face, size=SIZES[height], face_px=FACE_720 * height / 720)
+    return write_clip(path, list(motion_frames(scene)))
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_engine(clip: Path, out: Path) -> dict[str, Any]:
+    """One engine run in this process: fps, and the flicker and jitter figures."""
+    from facefuse.config import Settings
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.geometry import eye_distance
+    from facefuse.video.engine import ClipFusion, VideoFuser, VideoOptions
+    from facefuse.video.io import Frame, VideoReader, probe
+
+    settings = Settings.from_env()
+    fuser = FaceFuser(settings)
+    source = settings.samples_dir / f"{SOURCE}.jpg"
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    report = VideoFuser(fuser).fuse_video(source, clip, out)
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    # Jitter: the same clip through the per-frame state machine (no encoding).
+    state = ClipFusion(fuser, VideoOptions(), [source])
+    raw, smooth, eyes = [], [], []
+    for item in VideoReader(clip, probe(clip)):
+        if isinstance(item, Frame):
+            _, stats = state.process(item.rgb, item.index, item.time_s)
+            if 0 in stats.raw_landmarks:
+                raw.append(stats.raw_landmarks[0][:468, :2])
+                smooth.append(stats.landmarks[0][:468, :2])
+                eyes.append(eye_distance(stats.raw_landmarks[0]))
+    return {"fps": report.frames / seconds, "frames": report.frames,
+            "cpu_ms_per_frame": cpu * 1000 / report.frames,
+            "fused_frames": report.fused_frames, "detections": report.detections,
+            "jitter_raw_pct": jitter(raw, eyes), "jitter_smooth_pct": jitter(smooth, eyes)}
+
+
+def run_naive(clip: Path, out: Path) -> dict[str, Any]:
+    """Every frame on its own: decode, detect, analyse (source too), fuse, encode."""
+    from facefuse.config import Settings
+    from facefuse.errors import FaceError
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.types import FuseOptions
+    from facefuse.video.codecs import encoder
+    from facefuse.video.io import AudioPacket, VideoReader, VideoWriter, probe
+
+    settings = Settings.from_env()
+    fuser = FaceFuser(settings)
+    source = (settings.samples_dir / f"{SOURCE}.jpg").read_bytes()
+    options = FuseOptions(evaluate=False)
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    info = probe(clip)
+    n = 0
+    with VideoWriter(out, info, encoder("vp9"), clip) as writer:
+        for item in VideoReader(clip, info):
+            if isinstance(item, AudioPacket):
+                continue
+            try:
+                rgb = fuser.fuse(source, item.rgb, options).image
+            except FaceError:
+                rgb = item.rgb
+            writer.write(item, rgb)
+            n += 1
+    return {"fps": n / (time.perf_counter() - t0), "frames": n,
+            "cpu_ms_per_frame": (cpu_seconds() - c0) * 1000 / n}
+
+
+def jitter(seq: list[np.ndarray], eyes: list[float]) -> float:
+    """Mean |second difference| of the points over time, % of the mean eye distance."""
+    if len(seq) < 3:
+        return float("nan")
+    a = np.stack(seq).astype(np.float64)
+    return float(np.abs(a[2:] - 2 * a[1:-1] + a[:-2]).mean() / np.mean(eyes) * 100)
+
+
+def flicker(clip: Path, out: Path, height: int) -> float:
+    """Temporal difference of the output in the face region / the input's own."""
+    from facefuse.video.io import Frame, VideoReader, probe
+
+    def diffs(path: Path) -> list[np.ndarray]:
+        frames = [it.rgb.astype(np.float32) for it in VideoReader(path, probe(path))
+                  if isinstance(it, Frame)]
+        return [np.abs(b - a).mean(axis=2) for a, b in itertools.pairwise(frames)]
+
+    w, h = SIZES[height]
+    side = FACE_720 * height / 720
+    # The face moves around (0.36 W, 0.5 H) by a few percent: a box that covers it.
+    x0, x1 = int(w * 0.36 - 0.8 * side), int(w * 0.36 + 0.8 * side)
+    y0, y1 = int(h * 0.5 - 0.9 * side), int(h * 0.5 + 0.9 * side)
+    src = np.mean([d[y0:y1, x0:x1].mean() for d in diffs(clip)])
+    dst = np.mean([d[y0:y1, x0:x1].mean() for d in diffs(out)])
+    return float(dst / src)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process (all its threads), seconds."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def child(kind: str, clip: str, out: str) -> None:
+    result = (run_engine if kind == "engine" else run_naive)(Path(clip), Path(out))
+    result["peak_rss_mb"] = peak_rss_mb()
+    print(json.dumps(result))
+
+
+def spawn(kind: str, clip: Path, out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, __file__, "--child", kind, str(clip), str(out)],
+                            stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+
+
+def collect(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    out = []
+    for p in procs:
+        text, _ = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"a run failed ({p.returncode})")
+        out.append(json.loads(text.strip().splitlines()[-1]))
+    return out
+
+
+def keep(best: dict[tuple[str, int], dict[str, Any]], key: tuple[str, int],
+         row: dict[str, Any]) -> None:
+    """Keep the faster of two runs of one configuration (peak RSS: the larger)."""
+    print(json.dumps(row), flush=True)
+    old = best.get(key)
+    if old is not None:
+        row = {**(row if row["fps"] > old["fps"] else old),
+               "peak_rss_mb": max(row["peak_rss_mb"], old["peak_rss_mb"])}
+    best[key] = row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="480,720", help="comma-separated heights (480,720,1080)")
+    ap.add_argument("--frames", type=int, default=60)
+    ap.add_argument("--workers", default="1,2", help="worker processes to run at once")
+    ap.add_argument("--repeat", type=int, default=2, help="interleaved runs of each; the "
+                    "fastest is reported")
+    ap.add_argument("--benchmarks", action="store_true", help="write BENCHMARKS.md's section")
+    ap.add_argument("--out", help="write video.json here instead of bench/results/")
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "CLIP", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--section-from", metavar="JSON",
+                    help="only rewrite BENCHMARKS.md's section from a saved video.json")
+    args = ap.parse_args()
+    if args.section_from:
+        publish("Video (`bench/video.py`)", section(json.loads(Path(args.section_from)
+                                                               .read_text())))
+        return
+    if args.child:
+        child(*args.child)
+        return
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-video-") as tmp:
+        d = Path(tmp)
+        for height in (int(s) for s in args.sizes.split(",")):
+            clip = make_clip(d / f"clip{height}.mp4", height, args.frames)
+            best: dict[tuple[str, int], dict[str, Any]] = {}
+            # Interleaved repeats; the fastest of each (the least disturbed on a
+            # shared machine) is reported.
+            for _ in range(args.repeat):
+                for n in (int(x) for x in args.workers.split(",")):
+                    runs = collect([spawn("engine", clip, d / f"e{height}_{n}_{i}.mp4")
+                                    for i in range(n)])
+                    row = {"height": height, "kind": "facefuse", "workers": n,
+                           "fps": sum(r["fps"] for r in runs),
+                           "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+                           "cpu_ms_per_frame": runs[0]["cpu_ms_per_frame"],
+                           "flicker": flicker(clip, d / f"e{height}_{n}_0.mp4", height),
+                           "jitter_raw_pct": runs[0]["jitter_raw_pct"],
+                           "jitter_smooth_pct": runs[0]["jitter_smooth_pct"],
+                           "detections": runs[0]["detections"], "frames": runs[0]["frames"]}
+                    keep(best, ("facefuse", n), row)
+                naive = collect([spawn("naive", clip, d / f"n{height}.mp4")])[0]
+                keep(best, ("naive", 1), {
+                    "height": height, "kind": "naive", "workers": 1, "fps": naive["fps"],
+                    "peak_rss_mb": naive["peak_rss_mb"],
+                    "cpu_ms_per_frame": naive["cpu_ms_per_frame"],
+                    "flicker": flicker(clip, d / f"n{height}.mp4", height),
+                    "frames": naive["frames"]})
+            rows += best.values()
+    m = machine()
+    result = {"machine": m, "frames": args.frames, "rows": rows,
+              "command": f"python bench/video.py --sizes {args.sizes} --frames {args.frames} "
+                         f"--workers {args.workers} --repeat {args.repeat}"}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "video.json").write_text(json.dumps(result, indent=2) + "\n")
+    else:
+        write_json("video", result)
+    lines = section(result)
+    if args.benchmarks:
+        publish("Video (`bench/video.py`)", lines)
+    else:
+        print("\n".join(lines))
+
+
+def section(result: dict[str, Any]) -> list[str]:
+    """The BENCHMARKS.md section of one run's results."""
+    rows, frames = result["rows"], result["frames"]
+    lines = [f"{machine_line(result['machine'])} Shared with other engineers' work while "
+             "measured (load averages of 2 to 17 on 2 cores): wall-clock fps swung up to 3x "
+             "between "
+             "repeats of one configuration, so compare the CPU columns; the fps shown is "
+             "the fastest of the interleaved repeats.",
+             "", f"`{result['command']}`: a {frames}-frame clip of a moving face "
+             f"(~{FACE_720:.0f} px wide at 720p), VP9 out; fps summed over the workers (each "
+             "its own clip, run at once), peak RSS the largest worker's. **CPU ms/frame**: "
+             "the process's user + system time (all threads) per frame; **× naive (CPU)**: "
+             "the naive loop's CPU ms/frame over this one's. Flicker: mean |frame-to-frame "
+             "difference| in the face box, output ÷ input clip. Jitter: mean |second "
+             "difference| of the mesh points over time.", "",
+             "| size | run | workers | fps (wall) | CPU ms/frame | × naive (CPU) "
+             "| peak RSS MB | flicker (× target's) | jitter raw → smoothed (% eye dist.) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        naive = next(x for x in rows if x["height"] == r["height"] and x["kind"] == "naive")
+        jit = (f"{r['jitter_raw_pct']:.2f} → {r['jitter_smooth_pct']:.2f}"
+               if "jitter_raw_pct" in r else "")
+        lines.append(f"| {r['height']}p | {r['kind']} | {r['workers']} | {r['fps']:.1f} | "
+                     f"{r['cpu_ms_per_frame']:.0f} | "
+                     f"{naive['cpu_ms_per_frame'] / r['cpu_ms_per_frame']:.2f} | "
+                     f"{r['peak_rss_mb']:.0f} | {r['flicker']:.2f} | {jit} |")
+    lines += ["", "Where a frame's time goes (cProfile over 15 frames of the 720p clip): the "
+              "classic renderer's `render` about three quarters, the tracked mesh + iris run "
+              "about a sixth, detection (every 10th frame), smoothing and the codecs the rest. "
+              "So the goals (720p at 15 fps or more per 2-core worker, 3x the naive loop, "
+              "flicker at most half the naive loop's) are not met: what the naive loop does "
+              "on top (a detection, the source's analysis and a fresh mesh per frame) is small "
+              "beside the render both run on every frame. The video path hands the renderer "
+              "the same source face object on every frame, so a per-source cache of the "
+              "renderer's source-side work (the source's occluder mask, skin model and "
+              "symmetric-fill tone) would be hit. Flicker is below the target's own (0.9): the "
+              "fused face is softer than the original, and the fixed face box also holds "
+              "the head's motion, which dominates the measure."]
+    return lines
+
+
+if __name__ == "__main__":
+    main()

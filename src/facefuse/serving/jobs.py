@@ -1,0 +1,358 @@
+"""Long work as jobs: a job record and its files in Redis, the work on Dramatiq.
+
+The queue engine is **Dramatiq** (its Redis broker, on the Redis the service
+already uses; docs/video.md says why). What each part keeps:
+
+* Dramatiq owns delivery: a message per job on the ``video`` queue; a worker
+  acknowledges it only when the job is over, and a worker that stops sending
+  heartbeats (SIGKILL, a lost node) has its unacknowledged message put back on
+  the queue by the broker's maintenance, for another worker.
+* :class:`JobStore` owns the job as the API shows it, under ``facefuse:job:<id>``:
+  a hash (owner, state, progress, error, report), the uploaded files and the
+  result, all expiring after ``jobs_ttl_s``; a sorted set of queued job ids (its
+  size bounds the queue, its oldest score is the queue's age); an
+  ``Idempotency-Key`` index per owner.
+
+State machine: ``queued`` → ``running`` → ``succeeded`` | ``failed``, and
+``cancelled`` from ``queued`` or ``running``. Exactly one result: the result is
+written with ``SET NX`` and the state moves to ``succeeded`` only by the
+attempt that wrote it; a second attempt of the same job (a worker thought dead
+that was not) finds the result there and stops.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from facefuse.config import Settings
+from facefuse.errors import InvalidArgumentError, JobNotFoundError, OverloadedError
+from facefuse.fusion.types import FuseOptions
+from facefuse.video.engine import VideoOptions
+
+__all__ = ["QUEUE", "JobRecord", "JobState", "JobStore", "broker", "enqueue", "job_options",
+           "new_job_id"]
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+#: States a job does not leave.
+FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+#: The Dramatiq queue of fusion jobs, and the namespace of the broker's keys (the
+#: queue's Redis list, ``facefuse-dramatiq:video``, is what an autoscaler watches).
+QUEUE = "video"
+NAMESPACE = "facefuse-dramatiq"
+ACTOR = "fuse_job"
+_P = "facefuse:job:"
+_QUEUED = "facefuse:jobs:queued"
+
+# Admission: refuse when the queue is full, else record the job as queued (atomic).
+_ADMIT = """
+if redis.call('zcard', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('hset', KEYS[1], unpack(cjson.decode(ARGV[4])))
+redis.call('expire', KEYS[1], ARGV[3])
+redis.call('zadd', KEYS[2], ARGV[2], ARGV[5])
+return 1
+"""
+# Claim by an attempt: only a queued or running (a retried attempt) job.
+_CLAIM = """
+local s = redis.call('hget', KEYS[1], 'state')
+if s ~= 'queued' and s ~= 'running' then return false end
+redis.call('hset', KEYS[1], 'state', 'running', 'started', ARGV[1], 'worker', ARGV[2],
+           'frames_done', 0, 'fps', 0)
+redis.call('zrem', KEYS[2], ARGV[3])
+return redis.call('hincrby', KEYS[1], 'attempts', 1)
+"""
+# Finish: the first attempt to store a result wins; the state follows it.
+_FINISH = """
+if redis.call('hget', KEYS[1], 'state') ~= 'running' then return 0 end
+if redis.call('set', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) == false then return 0 end
+redis.call('hset', KEYS[1], 'state', 'succeeded', 'finished', ARGV[3], 'report', ARGV[4],
+           'result_bytes', string.len(ARGV[1]))
+redis.call('expire', KEYS[1], ARGV[2])
+return 1
+"""
+# Move to a final state unless already final.
+_END = """
+local s = redis.call('hget', KEYS[1], 'state')
+if not s or s == 'succeeded' or s == 'failed' or s == 'cancelled' then return 0 end
+redis.call('hset', KEYS[1], 'state', ARGV[1], 'finished', ARGV[2], 'error_code', ARGV[3],
+           'error_message', ARGV[4])
+redis.call('zrem', KEYS[2], ARGV[5])
+return 1
+"""
+
+
+def new_job_id() -> str:
+    """A random job id (URL-safe, 22 characters)."""
+    return secrets.token_urlsafe(16)
+
+
+def broker(settings: Settings) -> Any:
+    """The Dramatiq Redis broker of ``settings.redis_url`` (the job queue)."""
+    from dramatiq.brokers.redis import RedisBroker
+
+    if not settings.redis_url:
+        raise InvalidArgumentError("jobs need Redis: set FACEFUSE_REDIS_URL",
+                                   code="jobs_unavailable")
+    return RedisBroker(url=settings.redis_url, namespace=NAMESPACE,
+                       heartbeat_timeout=int(settings.jobs_heartbeat_s * 1000),
+                       # A dead worker's message is put back within a few heartbeats.
+                       maintenance_chance=50_000)
+
+
+@dataclass
+class JobRecord:
+    """A job as ``GET /v1/jobs/{id}`` shows it."""
+
+    id: str
+    owner: str
+    kind: str
+    state: str
+    created: float
+    options: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 0
+    started: float | None = None
+    finished: float | None = None
+    frames_done: int = 0
+    frames_total: int = 0
+    fps: float = 0.0
+    error_code: str = ""
+    error_message: str = ""
+    report: dict[str, Any] = field(default_factory=dict)
+    result_type: str = ""
+    result_bytes: int = 0
+
+    @classmethod
+    def from_hash(cls, job_id: str, h: Mapping[bytes, bytes]) -> JobRecord:
+        g = {k.decode(): v.decode() for k, v in h.items()}
+
+        def num(name: str) -> float | None:
+            return float(g[name]) if g.get(name) else None
+
+        return cls(id=job_id, owner=g.get("owner", ""), kind=g.get("kind", "clip"),
+                   state=g.get("state", "queued"), created=float(g.get("created", 0)),
+                   options=json.loads(g.get("options", "{}")),
+                   attempts=int(g.get("attempts", 0)), started=num("started"),
+                   finished=num("finished"), frames_done=int(float(g.get("frames_done", 0))),
+                   frames_total=int(float(g.get("frames_total", 0))),
+                   fps=float(g.get("fps", 0)), error_code=g.get("error_code", ""),
+                   error_message=g.get("error_message", ""),
+                   report=json.loads(g.get("report") or "{}"),
+                   result_type=g.get("result_type", ""),
+                   result_bytes=int(g.get("result_bytes", 0)))
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        """The status body: state, progress (frames, percent, fps, ETA seconds),
+        the error when failed, the report when succeeded."""
+        now = time.time() if now is None else now
+        d: dict[str, Any] = {"id": self.id, "status": self.state, "kind": self.kind,
+                             "created": self.created, "attempts": self.attempts}
+        if self.started is not None:
+            d["started"] = self.started
+        if self.finished is not None:
+            d["finished"] = self.finished
+        total = max(self.frames_total, self.frames_done)
+        progress: dict[str, Any] = {"frames_done": self.frames_done, "frames_total": total,
+                                    "percent": round(100.0 * self.frames_done / total, 1)
+                                    if total else (100.0 if self.state == "succeeded" else 0.0),
+                                    "fps": round(self.fps, 2)}
+        if self.state == "running" and self.fps > 0 and total:
+            progress["eta_s"] = round((total - self.frames_done) / self.fps, 1)
+        d["progress"] = progress
+        if self.state == "failed":
+            d["error"] = {"code": self.error_code, "message": self.error_message}
+        if self.state == "succeeded":
+            d["result"] = {"url": f"/v1/jobs/{self.id}/result", "type": self.result_type,
+                           "bytes": self.result_bytes}
+            d["report"] = self.report
+        return d
+
+
+class JobStore:
+    """Jobs, their files and results in Redis (synchronous client: the worker calls
+    it directly, the API from a thread)."""
+
+    def __init__(self, settings: Settings, client: Any | None = None) -> None:
+        import redis
+
+        if not settings.redis_url:
+            raise InvalidArgumentError("jobs need Redis: set FACEFUSE_REDIS_URL",
+                                       code="jobs_unavailable")
+        self.settings = settings
+        self.ttl = settings.jobs_ttl_s
+        self.r: Any = client or redis.Redis.from_url(settings.redis_url, socket_timeout=5.0,
+                                                socket_connect_timeout=5.0)
+        self._admit = self.r.register_script(_ADMIT)
+        self._claim = self.r.register_script(_CLAIM)
+        self._finish = self.r.register_script(_FINISH)
+        self._end = self.r.register_script(_END)
+
+    # ---- the API side ---------------------------------------------------------------------
+
+    def create(self, owner: str, kind: str, files: Mapping[str, bytes],
+               options: Mapping[str, Any], frames_total: int,
+               idempotency_key: str | None = None) -> tuple[str, bool]:
+        """Store a new queued job and its files; returns (id, created). With an
+        ``idempotency_key`` seen before for ``owner``, the existing job's id and
+        False. The caller then enqueues the job's message (:meth:`enqueue`).
+
+        Raises:
+            OverloadedError: ``queue_full`` (503 + Retry-After).
+        """
+        idem = f"facefuse:idem:{owner}:{idempotency_key}" if idempotency_key else None
+        job_id = new_job_id()
+        if idem is not None and not self.r.set(idem, job_id, nx=True, ex=self.ttl):
+            existing = self.r.get(idem)
+            if existing is not None and self.r.exists(_P + existing.decode()):
+                return existing.decode(), False
+            self.r.set(idem, job_id, ex=self.ttl)
+        pipe = self.r.pipeline()
+        for name, data in files.items():
+            pipe.set(f"{_P}{job_id}:in:{name}", data, ex=self.ttl)
+        pipe.execute()
+        now = time.time()
+        fields = [str(x) for x in (
+            "owner", owner, "kind", kind, "state", "queued", "created", repr(now),
+            "options", json.dumps(dict(options)), "attempts", 0,
+            "frames_total", frames_total, "files", ",".join(files))]
+        ok = self._admit(keys=[_P + job_id, _QUEUED],
+                         args=[self.settings.jobs_max_queued, now, self.ttl,
+                               json.dumps(fields), job_id])
+        if not ok:
+            self._drop_files(job_id, files)
+            if idem is not None:
+                self.r.delete(idem)
+            raise OverloadedError(
+                f"the job queue is full ({self.settings.jobs_max_queued} waiting); retry "
+                "later", code="queue_full")
+        return job_id, True
+
+    def get(self, job_id: str, owner: str | None = None) -> JobRecord:
+        """The job ``job_id`` (of ``owner``, when given).
+
+        Raises:
+            JobNotFoundError: no such job, another owner's, or expired.
+        """
+        h = self.r.hgetall(_P + job_id) if _valid_id(job_id) else {}
+        if not h:
+            raise JobNotFoundError(f"no job {job_id[:40]!r}")
+        job = JobRecord.from_hash(job_id, h)
+        if owner is not None and job.owner != owner:
+            raise JobNotFoundError(f"no job {job_id[:40]!r}")
+        return job
+
+    def result(self, job_id: str) -> bytes | None:
+        data = self.r.get(f"{_P}{job_id}:result")
+        return bytes(data) if data is not None else None
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a queued or running job (a running one stops at its next frame);
+        False when it had already ended."""
+        self.r.set(f"{_P}{job_id}:cancel", b"1", ex=self.ttl)
+        done = bool(self._end(keys=[_P + job_id, _QUEUED],
+                              args=["cancelled", time.time(), "cancelled",
+                                    "cancelled by the client", job_id]))
+        if done:
+            self._drop_files(job_id, self._files(job_id))
+        return done
+
+    def delete(self, job_id: str) -> None:
+        """Forget an ended job and its result."""
+        self.r.delete(_P + job_id, f"{_P}{job_id}:result", f"{_P}{job_id}:cancel")
+
+    def queue_stats(self) -> tuple[int, float]:
+        """(jobs queued, age of the oldest in seconds)."""
+        n = int(self.r.zcard(_QUEUED))
+        oldest = self.r.zrange(_QUEUED, 0, 0, withscores=True)
+        age = time.time() - float(oldest[0][1]) if oldest else 0.0
+        return n, max(0.0, age)
+
+    # ---- the worker side -----------------------------------------------------------------
+
+    def claim(self, job_id: str, worker: str) -> int | None:
+        """Start an attempt: the attempt number, or None when the job is gone or over."""
+        n = self._claim(keys=[_P + job_id, _QUEUED], args=[time.time(), worker, job_id])
+        return int(n) if n is not None else None
+
+    def files(self, job_id: str) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for name in self._files(job_id):
+            data = self.r.get(f"{_P}{job_id}:in:{name}")
+            if data is not None:
+                out[name] = bytes(data)
+        return out
+
+    def progress(self, job_id: str, done: int, total: int, fps: float) -> None:
+        self.r.hset(_P + job_id, mapping={"frames_done": done, "frames_total": total,
+                                          "fps": round(fps, 3)})
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return bool(self.r.exists(f"{_P}{job_id}:cancel"))
+
+    def finish(self, job_id: str, data: bytes, content_type: str,
+               report: Mapping[str, Any]) -> bool:
+        """Store the result; True when this attempt's is the one (exactly one)."""
+        self.r.hset(_P + job_id, "result_type", content_type)
+        won = bool(self._finish(keys=[_P + job_id, f"{_P}{job_id}:result"],
+                                args=[data, self.ttl, time.time(), json.dumps(dict(report))]))
+        if won:
+            self._drop_files(job_id, self._files(job_id))
+        return won
+
+    def fail(self, job_id: str, code: str, message: str) -> bool:
+        done = bool(self._end(keys=[_P + job_id, _QUEUED],
+                              args=["failed", time.time(), code, message[:500], job_id]))
+        if done:
+            self._drop_files(job_id, self._files(job_id))
+        return done
+
+    def requeue(self, job_id: str) -> None:
+        """Back to queued (a worker shutting down hands its job on)."""
+        if self.r.hget(_P + job_id, "state") == b"running":
+            self.r.hset(_P + job_id, mapping={"state": "queued", "frames_done": 0, "fps": 0})
+            self.r.zadd(_QUEUED, {job_id: time.time()})
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _files(self, job_id: str) -> list[str]:
+        raw = self.r.hget(_P + job_id, "files")
+        return [n for n in (raw or b"").decode().split(",") if n]
+
+    def _drop_files(self, job_id: str, names: Any) -> None:
+        keys = [f"{_P}{job_id}:in:{n}" for n in names]
+        if keys:
+            self.r.delete(*keys)
+
+
+def _valid_id(job_id: str) -> bool:
+    return 0 < len(job_id) <= 64 and all(c.isalnum() or c in "-_" for c in job_id)
+
+
+def enqueue(queue_broker: Any, job_id: str) -> None:
+    """Put the message of job ``job_id`` on the :data:`QUEUE` (the worker's actor
+    :data:`ACTOR` takes it)."""
+    from dramatiq import Message
+
+    queue_broker.enqueue(Message(queue_name=QUEUE, actor_name=ACTOR, args=(job_id,),
+                                 kwargs={}, options={}))
+
+
+#: The job options that are :class:`FuseOptions` fields.
+_FUSE_FIELDS = frozenset(f for f in FuseOptions.__dataclass_fields__)
+
+
+def job_options(raw: Mapping[str, Any], kind: str
+                ) -> tuple[VideoOptions, list[dict[str, Any]] | None, str, int]:
+    """A job's stored options (validated by the API) → (video options, mapping,
+    output format, quality). Raises the typed errors of the option classes."""
+    fuse = FuseOptions(**{k: v for k, v in raw.items() if k in _FUSE_FIELDS - {"evaluate"}},
+                       evaluate=False)
+    video = VideoOptions(fuse=fuse, encoder=str(raw.get("encoder", "vp9")),
+                         detect_every=int(raw.get("detect_every", 10)),
+                         smooth=bool(raw.get("smooth", True)))
+    fmt = str(raw.get("format", "jpeg")) if kind == "image" else str(
+        raw.get("container") or "mp4")
+    return video, raw.get("mapping"), fmt, int(raw.get("quality", 92))

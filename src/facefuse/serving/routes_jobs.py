@@ -1,0 +1,214 @@
+"""Routes of long work: fusion jobs run by ``facefuse worker`` processes.
+
+* ``POST /v1/jobs``: ``source`` (+ ``source_1`` … for a mapping, an optional
+  ``reference``) and either ``clip`` (a video) or ``target`` (an image), with the
+  options of ``/v1/fuse`` and the clip options below → ``202 Accepted`` with
+  ``Location: /v1/jobs/{id}``. An ``Idempotency-Key`` header seen before (for the
+  same API key) answers with that job instead of a new one. A clip over the
+  limits is refused here, typed (413/400), before it is queued; a full queue is
+  ``503 queue_full`` with ``Retry-After``.
+* ``GET /v1/jobs/{id}``: the state (``queued``, ``running`` with frames done,
+  percent, fps and ETA, ``succeeded``, ``failed`` with its typed error,
+  ``cancelled``).
+* ``GET /v1/jobs/{id}/result``: the fused clip or image (409
+  ``job_not_finished`` before).
+* ``DELETE /v1/jobs/{id}``: cancels a queued or running job (202); deletes an
+  ended one and its result (204).
+
+A key sees only its own jobs (another key's id is a 404). Jobs and results
+expire after ``jobs_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field
+
+from facefuse.errors import (
+    CacheUnavailableError,
+    FacefuseError,
+    InvalidArgumentError,
+    JobNotFinishedError,
+    VideoTooLargeError,
+)
+from facefuse.serving.fuse_request import SOURCE_FIELDS
+from facefuse.serving.inputs import read_request, validate_params
+from facefuse.serving.jobs import FINAL, JobStore, broker, enqueue, job_options
+from facefuse.serving.routes import _ERRORS, require_key
+from facefuse.serving.schemas import ErrorBody, FuseParams, image_request_body
+from facefuse.serving.security import bearer_token
+from facefuse.serving.state import services
+from facefuse.video.io import VideoLimits, probe
+
+__all__ = ["router"]
+
+T = TypeVar("T")
+
+#: Longest ``Idempotency-Key`` accepted, characters.
+MAX_IDEMPOTENCY_KEY = 200
+
+router = APIRouter(
+    prefix="/v1", dependencies=[Depends(require_key)], tags=["jobs"],
+    responses={**_ERRORS,
+               404: {"model": ErrorBody, "description": "No such job (or another key's)"},
+               409: {"model": ErrorBody, "description": "The job has no result (yet)"}})
+
+
+class JobParams(FuseParams):
+    """Options of ``POST /v1/jobs``: those of ``/v1/fuse`` (``format`` and
+    ``quality`` for an image job) and, for a clip, these."""
+
+    encoder: Literal["vp9", "av1", "x264"] = Field(
+        "vp9", description="Video encoder: vp9 (BSD), av1 (BSD + AOMedia patent licence) "
+        "or x264 (GPL).")
+    container: Literal["mp4", "webm", "mkv", "mov"] = Field(
+        "mp4", description="Output container of a clip (audio is copied: webm holds only "
+        "Opus/Vorbis audio).")
+    detect_every: int = Field(10, ge=1, le=300, description="Frames between detection "
+                              "passes while every face is tracked.")
+    smooth: bool = Field(True, description="Temporal smoothing of landmarks and tone.")
+
+
+class _Jobs:
+    """The job store and the queue broker of one app (built on first use)."""
+
+    def __init__(self, store: JobStore, queue: Any) -> None:
+        self.store = store
+        self.queue = queue
+
+
+def _jobs(request: Request) -> _Jobs:
+    app = request.app
+    jobs: _Jobs | None = getattr(app.state, "jobs", None)
+    if jobs is None:
+        settings = services(request).settings
+        if not settings.redis_url:
+            raise CacheUnavailableError("jobs need Redis: this server has no FACEFUSE_REDIS_URL",
+                                        code="jobs_unavailable")
+        jobs = _Jobs(JobStore(settings), broker(settings))
+        app.state.jobs = jobs
+    return jobs
+
+
+def _owner(request: Request) -> str:
+    """Who owns the jobs of this request: a digest of its API key (``open`` when
+    authentication is off)."""
+    if not services(request).keys.enabled:
+        return "open"
+    token = bearer_token(request.headers.get("authorization"))
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+async def _redis(fn: Callable[..., T], *args: Any) -> T:
+    """Run a blocking store call off the event loop; Redis trouble is a typed 503."""
+    import redis
+
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except redis.RedisError as exc:
+        raise CacheUnavailableError(f"the job store is unreachable: {type(exc).__name__}",
+                                    code="jobs_unavailable") from None
+
+
+def _probe_clip(data: bytes, limits: VideoLimits) -> int:
+    """The clip's expected frame count, after the header checks (typed errors)."""
+    if len(data) > limits.max_bytes:
+        raise VideoTooLargeError(f"the clip is {len(data)} bytes; the limit is "
+                                 f"{limits.max_bytes}", code="video_too_large")
+    with tempfile.NamedTemporaryFile(prefix="facefuse-probe-") as f:
+        f.write(data)
+        f.flush()
+        return probe(Path(f.name), limits).expected_frames
+
+
+@router.post(
+    "/jobs", summary="Queue a fusion job: a clip (or an image) fused in the background",
+    status_code=202,
+    openapi_extra=image_request_body(
+        {"source": "The face to put in.", "clip": "The video clip (or send `target`).",
+         "target": "An image to fuse, instead of a clip.",
+         "reference": "For mode reference: the person to replace."},
+        JobParams, ("source",)),
+)
+async def create_job(request: Request) -> JSONResponse:
+    """``202`` with ``Location`` and the job's status body."""
+    svc = services(request)
+    settings = svc.settings
+    jobs = _jobs(request)
+    owner = _owner(request)
+    idem = request.headers.get("idempotency-key")
+    if idem is not None and not (0 < len(idem) <= MAX_IDEMPOTENCY_KEY and idem.isprintable()):
+        raise InvalidArgumentError(f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} "
+                                   "printable characters", code="invalid_idempotency_key")
+    files, fields = await read_request(
+        request, ("source",), (*SOURCE_FIELDS[1:], "reference", "clip", "target"))
+    if ("clip" in files) == ("target" in files):
+        raise InvalidArgumentError("send either a 'clip' (a video) or a 'target' (an image)",
+                                   code="job_input_missing")
+    kind = "clip" if "clip" in files else "image"
+    params = validate_params(JobParams, fields)
+    raw = params.model_dump()
+    job_options(raw, kind)  # the typed option errors now, not in the worker
+    if raw.get("mode") == "reference" and "reference" not in files and raw.get("mapping") is None:
+        raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
+                                   code="reference_required")
+    frames = 1
+    if kind == "clip":
+        frames = await asyncio.to_thread(_probe_clip, files["clip"],
+                                         VideoLimits.from_settings(settings))
+    job_id, created = await _redis(jobs.store.create, owner, kind, files, raw, frames, idem)
+    if created:
+        try:
+            await _redis(enqueue, jobs.queue, job_id)
+        except FacefuseError:
+            await _redis(jobs.store.fail, job_id, "jobs_unavailable", "could not be queued")
+            raise
+    job = await _redis(jobs.store.get, job_id, owner)
+    headers = {"Location": f"/v1/jobs/{job_id}"}
+    if not created:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(job.to_json(), status_code=202, headers=headers)
+
+
+@router.get("/jobs/{job_id}", summary="A job's state and progress")
+async def get_job(job_id: str, request: Request) -> JSONResponse:
+    """The status body (404 ``job_not_found`` for an unknown, expired or another key's
+    job)."""
+    jobs = _jobs(request)
+    job = await _redis(jobs.store.get, job_id, _owner(request))
+    return JSONResponse(job.to_json())
+
+
+@router.get("/jobs/{job_id}/result", summary="A finished job's fused clip or image",
+            responses={200: {"description": "The fused clip or image",
+                             "content": {"video/mp4": {}, "video/webm": {},
+                                         "video/x-matroska": {}, "video/quicktime": {},
+                                         "image/jpeg": {}, "image/png": {}, "image/webp": {}}}})
+async def get_result(job_id: str, request: Request) -> Response:
+    jobs = _jobs(request)
+    job = await _redis(jobs.store.get, job_id, _owner(request))
+    data = await _redis(jobs.store.result, job_id) if job.state == "succeeded" else None
+    if data is None:
+        raise JobNotFinishedError(f"job {job_id} is {job.state}; it has no result")
+    return Response(data, media_type=job.result_type or "application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{job_id}"'})
+
+
+@router.delete("/jobs/{job_id}", summary="Cancel a job, or delete an ended one",
+               status_code=202, responses={204: {"description": "Deleted"}})
+async def delete_job(job_id: str, request: Request) -> Response:
+    jobs = _jobs(request)
+    job = await _redis(jobs.store.get, job_id, _owner(request))
+    if job.state not in FINAL and await _redis(jobs.store.cancel, job_id):
+        job = await _redis(jobs.store.get, job_id, None)
+        return JSONResponse(job.to_json(), status_code=202)
+    await _redis(jobs.store.delete, job_id)
+    return Response(status_code=204)

@@ -1,0 +1,267 @@
+"""``facefuse worker``: the process that runs fusion jobs from the queue.
+
+One Dramatiq worker thread per process (a fusion uses the cores through ONNX
+Runtime and the decode/fuse/encode threads of :mod:`facefuse.video.engine`), and
+it takes one message at a time (prefetch 1), so a queued job waits on the queue,
+where another worker (a new replica) can take it. Models load once, at start.
+
+Signals:
+
+* SIGTERM / SIGINT: stop taking jobs; the running job has ``shutdown_grace_s``
+  to finish, then it is handed back to the queue (state ``queued`` again) and the
+  process exits. No job is dropped.
+* Redis restarting or failing over mid-job: progress writes and cancel checks are
+  skipped while it is away; the job's bookkeeping (claim, result, errors) waits up
+  to :data:`REDIS_PATIENCE_S` for it to come back.
+* SIGKILL (or a lost node): the broker stops seeing this worker's heartbeats;
+  after ``jobs_heartbeat_s`` its unacknowledged message goes back on the queue
+  and another worker runs the job from the start (attempt 2). A job that has
+  killed ``jobs_max_tries`` workers fails with ``job_failed_repeatedly``.
+
+Metrics (Prometheus, ``--metrics-port``): ``facefuse_jobs_total{kind,outcome}``,
+``facefuse_job_duration_seconds{kind}``, ``facefuse_job_fps``,
+``facefuse_jobs_queued`` and ``facefuse_jobs_oldest_queued_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from facefuse.config import Settings
+from facefuse.errors import CancelledError, FacefuseError
+from facefuse.fusion.engine import FaceFuser
+from facefuse.imaging.encode import content_type
+from facefuse.imaging.output import OutputPolicy
+from facefuse.serving.jobs import ACTOR, QUEUE, JobStore, broker, job_options
+from facefuse.video.engine import VideoFuser
+
+__all__ = ["JobRunner", "run_worker"]
+
+log = logging.getLogger("facefuse.worker")
+
+#: Seconds between progress writes and cancellation checks of a running job.
+PROGRESS_EVERY_S = 0.5
+_CLIP_TYPES = {"mp4": "video/mp4", "webm": "video/webm", "mkv": "video/x-matroska",
+               "mov": "video/quicktime"}
+
+
+#: How long a job's bookkeeping waits for Redis to come back (a restart, a failover)
+#: before the attempt gives up, seconds.
+REDIS_PATIENCE_S = 60.0
+
+T = TypeVar("T")
+
+
+def patient(fn: Callable[..., T], *args: Any, seconds: float = REDIS_PATIENCE_S) -> T:
+    """``fn(*args)``, retried with back-off while Redis is unreachable (connection
+    errors and timeouts only), up to ``seconds``."""
+    import redis
+
+    end = time.monotonic() + seconds
+    delay = 0.2
+    while True:
+        try:
+            return fn(*args)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if time.monotonic() + delay > end:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def best_effort(fn: Callable[..., T], *args: Any, default: T) -> T:
+    """``fn(*args)``, or ``default`` while Redis is unreachable (progress, cancel checks:
+    the job goes on)."""
+    import redis
+
+    try:
+        return fn(*args)
+    except redis.RedisError:
+        return default
+
+
+class HandBackError(Exception):
+    """Raised inside a job when its worker shuts down: the job goes back on the queue."""
+
+
+class JobRunner:
+    """Runs one job by id: claim, fuse, store the result or the typed error."""
+
+    def __init__(self, settings: Settings, store: JobStore, fuser: FaceFuser,
+                 metrics: WorkerMetrics | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.fuser = fuser
+        self.video = VideoFuser(fuser)
+        self.metrics = metrics
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        #: Set when the process is shutting down and the grace period is over.
+        self.handing_back = threading.Event()
+
+    def __call__(self, job_id: str) -> None:
+        attempt = patient(self.store.claim, job_id, self.name)
+        if attempt is None:
+            log.info("job %s is gone or over; skipped", job_id)
+            return
+        job = patient(self.store.get, job_id)
+        if attempt > self.settings.jobs_max_tries:
+            patient(self.store.fail, job_id, "job_failed_repeatedly",
+                            f"the job stopped its worker {attempt - 1} times")
+            self._count(job.kind, "failed")
+            return
+        t0 = time.monotonic()
+        try:
+            data, ctype, report = self._run(job_id, job.kind, job.options)
+        except HandBackError:
+            patient(self.store.requeue, job_id)
+            self._count(job.kind, "requeued")
+            raise  # Dramatiq's retry puts the message back on the queue
+        except CancelledError:
+            self._count(job.kind, "cancelled")
+            return
+        except FacefuseError as exc:  # bad input: retrying would fail the same way
+            patient(self.store.fail, job_id, exc.code, exc.message)
+            self._count(job.kind, "failed")
+            return
+        except Exception as exc:
+            log.exception("job %s failed", job_id)
+            if attempt >= self.settings.jobs_max_tries:
+                patient(self.store.fail, job_id, "internal_error", f"{type(exc).__name__}")
+                self._count(job.kind, "failed")
+                return
+            patient(self.store.requeue, job_id)
+            raise
+        won = patient(self.store.finish, job_id, data, ctype, report)
+        self._count(job.kind, "succeeded" if won else "duplicate")
+        if self.metrics is not None and won:
+            self.metrics.duration.labels(job.kind).observe(time.monotonic() - t0)
+            if report.get("fps"):
+                self.metrics.fps.set(float(report["fps"]))
+
+    def _count(self, kind: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.jobs.labels(kind, outcome).inc()
+
+    def _run(self, job_id: str, kind: str, raw: dict[str, Any]
+             ) -> tuple[bytes, str, dict[str, Any]]:
+        files = patient(self.store.files, job_id)
+        video_opts, mapping, out_format, quality = job_options(raw, kind)
+        # "source", "source_1", ... (at most six: the names sort in index order).
+        sources = [files[k] for k in sorted(files) if k == "source" or k.startswith("source_")]
+        reference = files.get("reference")
+        if kind == "image":
+            result = self.fuser.fuse(sources, files["target"], video_opts.fuse,
+                                     mapping=mapping, reference=reference)
+            data = OutputPolicy.from_settings(self.settings).encode(result.image, out_format,
+                                                                    quality)
+            return data, content_type(out_format), result.report()
+        last = [0.0]
+
+        def progress(done: int, total: int, fps: float) -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S or done == total:
+                last[0] = now
+                best_effort(self.store.progress, job_id, done, total, fps, default=None)
+
+        checked = [0.0, False]
+
+        def cancelled() -> bool:
+            if self.handing_back.is_set():
+                raise HandBackError(job_id)
+            now = time.monotonic()
+            if now - float(checked[0]) >= PROGRESS_EVERY_S:
+                checked[0] = now
+                checked[1] = best_effort(self.store.cancel_requested, job_id, default=False)
+            return bool(checked[1])
+
+        with tempfile.TemporaryDirectory(prefix="facefuse-job-") as tmp:
+            clip = Path(tmp) / "clip"
+            clip.write_bytes(files["clip"])
+            out = Path(tmp) / f"out.{out_format}"
+            report = self.video.fuse_video(sources, clip, out, video_opts, mapping=mapping,
+                                           reference=reference, progress=progress,
+                                           cancelled=cancelled)
+            return out.read_bytes(), _CLIP_TYPES[out_format], report.to_dict()
+
+
+class WorkerMetrics:
+    """The worker's Prometheus metrics (see the module docstring)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.jobs = Counter("facefuse_jobs_total", "Jobs ended, by kind and outcome",
+                            ["kind", "outcome"], registry=self.registry)
+        self.duration = Histogram("facefuse_job_duration_seconds", "Run time of a job",
+                                  ["kind"], registry=self.registry,
+                                  buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800))
+        self.fps = Gauge("facefuse_job_fps", "Frames per second of the last clip job",
+                         registry=self.registry)
+        self.queued = Gauge("facefuse_jobs_queued", "Jobs waiting in the queue",
+                            registry=self.registry)
+        self.oldest = Gauge("facefuse_jobs_oldest_queued_seconds",
+                            "Age of the oldest queued job", registry=self.registry)
+
+    def poll(self, store: JobStore, stop: threading.Event) -> None:
+        """Refresh the queue gauges every few seconds until ``stop``."""
+        while not stop.wait(5.0):
+            try:
+                n, age = store.queue_stats()
+            except Exception:  # Redis away: the gauges keep their last values
+                continue
+            self.queued.set(n)
+            self.oldest.set(age)
+
+
+def run_worker(settings: Settings, *, metrics_port: int = 0) -> int:
+    """Run a worker until SIGTERM/SIGINT (see the module docstring); returns 0."""
+    import dramatiq
+    from dramatiq import Worker
+
+    q = broker(settings)
+    store = JobStore(settings)
+    fuser = FaceFuser(settings)
+    metrics = WorkerMetrics()
+    runner = JobRunner(settings, store, fuser, metrics)
+    dramatiq.actor(actor_name=ACTOR, queue_name=QUEUE, broker=q,
+                   max_retries=settings.jobs_max_tries, min_backoff=200, max_backoff=2000,
+                   time_limit=settings.jobs_timeout_s * 1000,
+                   # Typed errors end the job themselves; only crashes and hand-backs retry.
+                   throws=(FacefuseError,))(runner)
+    stop = threading.Event()
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, registry=metrics.registry)
+    threading.Thread(target=metrics.poll, args=(store, stop), daemon=True,
+                     name="queue-gauges").start()
+    worker = Worker(q, worker_threads=1, worker_timeout=1000)
+    worker.queue_prefetch = 1  # one job at a time: the rest wait where others can take them
+    worker.start()
+    log.warning("facefuse worker ready", extra={"fields": {"worker": runner.name}})
+    print(f"facefuse worker {runner.name} ready", flush=True)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    # Finish the running job within the grace period, then hand it back.
+    timer = threading.Timer(settings.shutdown_grace_s, runner.handing_back.set)
+    timer.daemon = True
+    timer.start()
+    worker.stop(timeout=int((settings.shutdown_grace_s + 30) * 1000))
+    timer.cancel()
+    print(f"facefuse worker {runner.name} stopped", flush=True)
+    return 0

@@ -1,0 +1,513 @@
+"""The video driver: a clip in, the clip back with the source identity fused in,
+tracked and steady.
+
+``VideoFuser(fuser).fuse_video(source, clip, out)`` (or ``facefuse video SOURCE
+CLIP -o OUT``). Work is done once, not per frame:
+
+* the **source** photos are decoded and analysed once, before the first frame;
+* **detection** runs on the first frame, every ``detect_every`` frames, after a
+  scene cut, and as soon as a track is lost; on the frames between, each face's
+  mesh is refined from the previous frame's landmarks (one mesh + iris run per
+  face, no detector) — :mod:`facefuse.video.tracker`;
+* an IoU + embedding **tracker** keeps each person's identity, so ``one`` keeps
+  fusing the same person when a second face enters, ``reference`` fuses only the
+  person in the reference photo, and a mapping's ``target`` names a track (0 =
+  the first person seen, 1 = the next, ...);
+* the **landmarks** each frame is fused with go through a 1€ filter (steady when
+  still, no lag when moving) and the rendered face's **tone** through another
+  (:mod:`facefuse.video.smoothing`), both reset at a cut;
+* frames are decoded, fused and encoded in three threads joined by bounded
+  queues: memory holds a window of frames (``window``), never the clip.
+
+The renderer is whatever the :class:`~facefuse.fusion.engine.FaceFuser` has for
+``options.swapper``; this module sees only its :class:`FaceLayer` s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import cv2
+import numpy as np
+
+from facefuse.errors import CancelledError, FaceError, InvalidArgumentError, MappingError
+from facefuse.faces import stages
+from facefuse.faces.types import Detection, Face
+from facefuse.fusion.engine import FaceFuser, blend_layer
+from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.mapping import FacePair, iou, parse_mapping
+from facefuse.fusion.select import check_usable, pick_source, usability_error
+from facefuse.fusion.swappers.base import Swapper
+from facefuse.fusion.types import FuseOptions
+from facefuse.imaging.decode import ImageInput
+from facefuse.video.codecs import DEFAULT_ENCODER, encoder
+from facefuse.video.io import (
+    AudioPacket,
+    Frame,
+    VideoInfo,
+    VideoLimits,
+    VideoReader,
+    VideoWriter,
+    probe,
+)
+from facefuse.video.smoothing import ToneStabiliser
+from facefuse.video.tracker import Track, Tracker, detection_from_mesh
+
+__all__ = ["ClipFusion", "FrameStats", "Progress", "VideoFuser", "VideoOptions", "VideoReport"]
+
+T = TypeVar("T")
+
+#: A tracked mesh whose face-presence falls below this is lost (detect again).
+LOST_BELOW = 0.5
+#: Mean absolute difference (grey levels) of two 64×36 thumbnails that is a cut.
+CUT_ABOVE = 28.0
+#: A detection overlapping a tracked face at least this much is that face.
+SAME_FACE_IOU = 0.3
+#: Largest embedding distance (unit vectors) at which a track is the reference person.
+REFERENCE_DISTANCE = 0.45
+
+
+@dataclass(frozen=True)
+class VideoOptions:
+    """How to fuse a clip.
+
+    Attributes:
+        fuse: the fusion options, as for a photo (``evaluate`` is ignored).
+        encoder: ``vp9`` (default), ``av1`` or ``x264`` (see :mod:`facefuse.video.codecs`).
+        detect_every: frames between detection passes while every face is tracked
+            (1: detect on every frame).
+        smooth: 1€ smoothing of landmarks and tone (off: each frame's raw fit).
+        window: frames in flight between the decoder, the fusion and the encoder.
+    """
+
+    fuse: FuseOptions = field(default_factory=FuseOptions)
+    encoder: str = DEFAULT_ENCODER
+    detect_every: int = 10
+    smooth: bool = True
+    window: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.detect_every, int) or not 1 <= self.detect_every <= 300:
+            raise InvalidArgumentError("detect_every must be an integer in 1..300",
+                                       code="invalid_detect_every")
+        if not 1 <= self.window <= 64:
+            raise InvalidArgumentError("window must be in 1..64", code="invalid_window")
+
+
+@dataclass
+class FrameStats:
+    """What happened in one frame: whether the detector ran, which tracks are in
+    view and which were fused, and the smoothed (478, 3) mesh of each fused face."""
+
+    detected: bool
+    cut: bool
+    tracks: list[int]
+    fused: list[int]
+    landmarks: dict[int, np.ndarray] = field(default_factory=dict)
+    raw_landmarks: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class VideoReport:
+    """A fused clip's summary (the CLI prints it, a job stores it)."""
+
+    frames: int = 0
+    fused_frames: int = 0
+    detections: int = 0
+    cuts: int = 0
+    tracks: int = 0
+    seconds: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    encoder: str = DEFAULT_ENCODER
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frames": self.frames, "fused_frames": self.fused_frames,
+                "detections": self.detections, "cuts": self.cuts, "tracks": self.tracks,
+                "seconds": round(self.seconds, 3), "fps": round(self.fps, 2),
+                "encoder": self.encoder, "clip": self.info, "notes": self.notes}
+
+
+#: ``progress(frames_done, frames_expected, fps)``: called after every frame.
+Progress = Callable[[int, int, float], None]
+
+
+@dataclass(frozen=True)
+class _Source:
+    rgb: np.ndarray
+    face: Face
+
+
+class ClipFusion:
+    """The per-frame state machine (tracker, filters, source faces) of one clip.
+
+    Drive it with :meth:`process` on upright RGB frames in order; it does not
+    touch files, so bench scripts and tests run it on arrays.
+    """
+
+    def __init__(self, fuser: FaceFuser, options: VideoOptions, sources: Sequence[ImageInput],
+                 *, reference: ImageInput | None = None,
+                 mapping: Sequence[FacePair | dict[str, Any]] | None = None) -> None:
+        self.fuser = fuser
+        self.analyser = fuser.analyser
+        self.options = options
+        fo = options.fuse
+        try:
+            self.swapper: Swapper = fuser.swappers[fo.swapper]
+        except KeyError:
+            raise InvalidArgumentError(f"unknown swapper {fo.swapper!r}",
+                                       code="unknown_swapper") from None
+        if not sources:
+            raise InvalidArgumentError("no source image given", code="source_missing")
+        self.pairs = parse_mapping(mapping) if mapping is not None else None
+        decoded = [self.analyser.decode(s) for s in sources]
+        faces = [self.analyser.analyse(rgb, purpose="largest" if self.pairs is None else "all")
+                 for rgb in decoded]
+        self.sources: dict[int | None, _Source] = {}
+        self.notes: list[str] = []
+        if self.pairs is None:
+            i, face, notes = pick_source(faces)
+            check_usable(face, "source", fo.min_face_size)
+            self.sources[None] = _Source(decoded[i], face)
+            self.notes += notes
+        else:
+            for p in self.pairs:
+                if p.target is None:
+                    raise MappingError("a clip's mapping names targets by track (0 = the "
+                                       "first person seen), not by rectangle",
+                                       code="mapping_invalid")
+                if p.source >= len(decoded) or p.source_face >= len(faces[p.source]):
+                    raise MappingError(f"mapping: source {p.source}.{p.source_face} is not "
+                                       "there", code="mapping_source_out_of_range")
+                face = faces[p.source][p.source_face]
+                check_usable(face, "source", fo.min_face_size)
+                self.sources[p.target] = _Source(decoded[p.source], face)
+        self.reference: Face | None = None
+        if fo.mode == "reference" and self.pairs is None:
+            if reference is None:
+                raise InvalidArgumentError("mode 'reference' needs a reference image",
+                                           code="reference_required")
+            ref = self.analyser.analyse(reference, purpose="largest")
+            if not ref:
+                raise FaceError("no face found in the reference image",
+                                code="reference_no_face")
+            self.reference = ref[0]
+        every_face = fo.mode != "one" or self.pairs is not None
+        self.purpose: Any = "all" if every_face else "largest"
+        self.tracker = Tracker()
+        self._thumb: np.ndarray | None = None
+        self._last_detect = -(10**9)
+        self.detections = 0
+        self.cuts = 0
+
+    # ---- one frame ------------------------------------------------------------------------
+
+    def process(self, rgb: np.ndarray, index: int, t: float) -> tuple[np.ndarray, FrameStats]:
+        """Fuse one upright RGB uint8 (H, W, 3) frame shown at ``t`` seconds; returns
+        the fused frame (a new array; ``rgb`` unchanged) and what happened."""
+        cut = self._is_cut(rgb)
+        if cut:
+            self.cuts += 1
+            for tr in self.tracker.tracks:
+                tr.active = False
+        tracked = self._track(rgb)
+        lost = any(f is None for f in tracked.values())
+        for tid, f in tracked.items():
+            tr = self._by_id(tid)
+            if f is None:
+                tr.active = False
+            else:
+                tr.face, tr.last_seen = f, index
+        due = index - self._last_detect >= self.options.detect_every
+        detected = cut or lost or due or not self.tracker.active
+        if detected:
+            self._detect(rgb, index, cut)
+        active = self.tracker.active
+        stats = FrameStats(detected, cut, [tr.id for tr in active], [])
+        out = rgb.copy()
+        fo = self.options.fuse
+        if fo.degree == 0 and fo.shape in (None, 0) and fo.texture in (None, 0):
+            return out, stats
+        for tr, src in self._targets(active):
+            face = self._smoothed(tr, t)
+            if usability_error(face, "target", fo.min_face_size) is not None:
+                continue
+            layer = self.swapper.render(src.rgb, src.face, out, face, fo)
+            if self.options.smooth:
+                if tr.tone is None:
+                    tr.tone = ToneStabiliser()
+                assert isinstance(tr.tone, ToneStabiliser)
+                layer = dataclasses.replace(layer, face=tr.tone(layer.face, layer.mask, t))
+            blend_layer(out, layer, fo.blend, self.fuser.pixels)
+            stats.fused.append(tr.id)
+            assert face.landmarks is not None and tr.face.landmarks is not None
+            stats.landmarks[tr.id] = np.asarray(face.landmarks)
+            stats.raw_landmarks[tr.id] = np.asarray(tr.face.landmarks)
+        return out, stats
+
+    # ---- the steps --------------------------------------------------------------------------
+
+    def _is_cut(self, rgb: np.ndarray) -> bool:
+        # Every k-th pixel first: an area resize of a full 1080p frame costs ~14 ms.
+        k = max(1, min(rgb.shape[0] // 144, rgb.shape[1] // 256))
+        grey = cv2.cvtColor(cv2.resize(np.ascontiguousarray(rgb[::k, ::k]), (64, 36),
+                                       interpolation=cv2.INTER_AREA),
+                            cv2.COLOR_RGB2GRAY).astype(np.float32)
+        prev, self._thumb = self._thumb, grey
+        return prev is not None and float(np.abs(grey - prev).mean()) > CUT_ABOVE
+
+    def _by_id(self, tid: int) -> Track:
+        return next(t for t in self.tracker.tracks if t.id == tid)
+
+    def _track(self, rgb: np.ndarray) -> dict[int, Face | None]:
+        """Each active track's face in this frame from its last mesh (None: lost)."""
+        active = self.tracker.active
+        if not active:
+            return {}
+        dets = []
+        for tr in active:
+            assert tr.face.landmarks is not None
+            dets.append(detection_from_mesh(tr.face.landmarks, tr.calib, tr.face.score))
+        faces = self.analyser.run(stages.mesh(self.analyser.models.mesh, rgb, dets))
+        out: dict[int, Face | None] = {}
+        for tr, f in zip(active, faces, strict=True):
+            keep = f.mesh_score is not None and f.mesh_score >= LOST_BELOW
+            # The record keeps the embedding it was identified with.
+            out[tr.id] = dataclasses.replace(f, embedding=tr.face.embedding) if keep else None
+        return out
+
+    def _detect(self, rgb: np.ndarray, index: int, cut: bool) -> None:
+        """A detection pass: new faces start (or resume) tracks; tracked faces stay
+        on their tracked mesh unless the detector finds them elsewhere."""
+        self._last_detect = index
+        self.detections += 1
+        found = self.analyser.detect(rgb, self.purpose)
+        active = self.tracker.active
+        fresh: list[Detection] = []
+        for d in found:
+            best = max((iou(d.bbox, detection_from_mesh(tr.face.landmarks, tr.calib).bbox)
+                        for tr in active if tr.face.landmarks is not None), default=0.0)
+            if best < SAME_FACE_IOU:
+                fresh.append(d)
+        if not fresh:
+            return
+        faces = self.analyser.run(stages.mesh(self.analyser.models.mesh, rgb, fresh))
+        faces = [f for f in faces if (f.mesh_score or 0.0) >= LOST_BELOW]
+        if faces:
+            faces = self.analyser.embed(rgb, stages.largest_first(faces))
+        self.tracker.update(faces, index, cut=cut, keep=frozenset(tr.id for tr in active))
+
+    def _targets(self, active: list[Track]) -> Iterator[tuple[Track, _Source]]:
+        """The tracks to fuse in this frame, each with its source."""
+        fo = self.options.fuse
+        if self.pairs is not None:
+            for tr in active:
+                if tr.id in self.sources:
+                    yield tr, self.sources[tr.id]
+            return
+        src = self.sources[None]
+        if fo.mode == "many":
+            for tr in active:
+                yield tr, src
+        elif fo.mode == "reference":
+            assert self.reference is not None and self.reference.embedding is not None
+            ref = np.asarray(self.reference.embedding, np.float64)
+            scored = [(float(np.linalg.norm(tr.embedding - ref)), tr) for tr in active
+                      if tr.embedding is not None]
+            close = [x for x in scored if x[0] <= REFERENCE_DISTANCE]
+            if close:
+                yield min(close, key=lambda x: x[0])[1], src
+        elif active:
+            # One person: the first seen while in view, else the largest in view.
+            first = min(self.tracker.tracks, key=lambda tr: tr.id)
+            yield (first if first.active else max(active, key=lambda tr: tr.face.area)), src
+
+    def _smoothed(self, tr: Track, t: float) -> Face:
+        """The track's face with its 1€-filtered mesh (five points and chip with it)."""
+        f = tr.face
+        assert f.landmarks is not None
+        if not self.options.smooth:
+            return f
+        scale = max(eye_distance(f.landmarks), 1.0)
+        lm = tr.landmarks(np.asarray(f.landmarks), t, scale=scale).astype(np.float32)
+        det = Detection(bbox=f.bbox, score=f.score, keypoints=f.keypoints)
+        return dataclasses.replace(stages.make_face(det, lm, f.mesh_score or 1.0),
+                                   embedding=f.embedding)
+
+
+class VideoFuser:
+    """Fuses a source identity into clips: files in, files out (see the module
+    docstring). Thread-safe like the :class:`FaceFuser` it wraps; each clip has its
+    own :class:`ClipFusion`."""
+
+    def __init__(self, fuser: FaceFuser | None = None, limits: VideoLimits | None = None) -> None:
+        self.fuser = fuser or FaceFuser()
+        self.limits = limits or VideoLimits.from_settings(self.fuser.settings)
+
+    def probe(self, clip: Path) -> VideoInfo:
+        """The clip's header, checked against the limits (typed 400/413 errors)."""
+        return probe(Path(clip), self.limits)
+
+    def fuse_video(
+        self,
+        source: ImageInput | Sequence[ImageInput],
+        clip: Path,
+        out: Path,
+        options: VideoOptions | None = None,
+        *,
+        reference: ImageInput | None = None,
+        mapping: Sequence[FacePair | dict[str, Any]] | None = None,
+        progress: Progress | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> VideoReport:
+        """Fuse ``source`` (one photo, or photos of one person; with a mapping, photos
+        of different people) into every frame of ``clip``; write ``out`` atomically.
+
+        Raises:
+            InvalidVideoError, VideoTooLargeError: the clip (typed, before any work).
+            CancelledError: ``cancelled()`` became true (no output is left).
+        """
+        options = options or VideoOptions()
+        clip, out = Path(clip), Path(out)
+        enc = encoder(options.encoder)
+        info = self.probe(clip)
+        t0 = time.perf_counter()
+        sources: list[ImageInput] = (
+            list(source) if isinstance(source, list | tuple) else [source]  # type: ignore[list-item]
+        )
+        state = ClipFusion(self.fuser, options, sources, reference=reference, mapping=mapping)
+        report = VideoReport(info=info.to_dict(), encoder=enc.name, notes=list(state.notes))
+        total = info.expected_frames
+        with VideoWriter(out, info, enc, clip) as writer:
+            reader = _Pipe(iter(VideoReader(clip, info, self.limits)), options.window, "decode")
+            sink = _Sink(writer, options.window)
+            try:
+                for item in reader:
+                    if isinstance(item, AudioPacket):
+                        sink.put(item)
+                        continue
+                    if cancelled is not None and cancelled():
+                        raise CancelledError("the clip was cancelled")
+                    fused, stats = state.process(item.rgb, item.index, item.time_s)
+                    sink.put((item, fused))
+                    report.frames += 1
+                    report.fused_frames += bool(stats.fused)
+                    if progress is not None:
+                        progress(report.frames, max(total, report.frames),
+                                 report.frames / max(time.perf_counter() - t0, 1e-6))
+                sink.close()
+            except BaseException:
+                reader.stop()
+                sink.abort()
+                raise
+        report.seconds = time.perf_counter() - t0
+        report.detections, report.cuts = state.detections, state.cuts
+        report.tracks = len(state.tracker.tracks)
+        if report.fused_frames == 0:
+            report.notes.append("no frame had a face that could be fused; the clip is "
+                                "re-encoded unchanged")
+        return report
+
+
+_END = object()
+
+
+class _Pipe:
+    """Runs an iterator in a thread, ``size`` items ahead; errors re-raise in the
+    consumer."""
+
+    def __init__(self, source: Iterator[Any], size: int, name: str) -> None:
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(source,), name=name,
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, source: Iterator[Any]) -> None:
+        try:
+            for item in source:
+                if not self._offer(item):
+                    return
+        except BaseException as exc:
+            self._error = exc
+        self._offer(_END)
+
+    def _offer(self, item: Any) -> bool:
+        """Queue ``item`` unless the consumer stopped; False when it did."""
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._q.get()
+            if item is _END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class _Sink:
+    """Feeds the writer from a thread through a queue of ``size`` items."""
+
+    def __init__(self, writer: VideoWriter, size: int) -> None:
+        self._writer = writer
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=size)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="encode", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is _END:
+                return
+            if self._error is not None:
+                continue  # drain after a failure
+            try:
+                if isinstance(item, AudioPacket):
+                    self._writer.write_audio(item)
+                else:
+                    frame, rgb = item
+                    self._writer.write(frame, rgb)
+            except BaseException as exc:
+                self._error = exc
+
+    def put(self, item: AudioPacket | tuple[Frame, np.ndarray]) -> None:
+        if self._error is not None:
+            raise self._error
+        self._q.put(item)
+
+    def close(self) -> None:
+        """Wait for every queued item to be written; re-raise a writer error."""
+        self._q.put(_END)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def abort(self) -> None:
+        """Stop after a failure elsewhere: queued items are dropped, not written."""
+        self._error = self._error or CancelledError("aborted")
+        self._q.put(_END)  # the thread drains the queue, so this cannot block for long
+        self._thread.join(timeout=30)

@@ -1,0 +1,393 @@
+"""Reading and writing clips with PyAV, keeping what the fusion does not change.
+
+Security and fidelity spec, in order:
+
+1. **Limits before decoding.** :func:`probe` opens the container, reads the header
+   only, and refuses a clip over :class:`VideoLimits` (bytes, duration, frames, the
+   longer side, frames per second) with a typed 413 before a frame is decoded. A
+   file FFmpeg cannot open, or one without a video stream, is 400
+   ``corrupt_video`` / ``no_video_stream``. While decoding, a frame whose size
+   differs from the header's, or more frames than the limit, stop the clip
+   (``corrupt_video``): the header cannot be used to under-declare the work.
+2. **Frames.** Every decoded frame is one output frame, with its own
+   presentation time (variable frame rates survive), converted to RGB with the
+   stream's own colour matrix and range and converted back with the same ones;
+   the output is tagged with them. Frames are handed over upright (the display
+   matrix's quarter turn applied) and turned back before encoding; the output
+   carries the same display matrix, so players show it exactly as the input.
+3. **Audio** packets are copied into the output untouched, interleaved in the
+   order they were read (never decoded).
+4. **Atomic output.** :class:`VideoWriter` writes to a temporary file beside the
+   destination and renames it into place only when the clip is complete; a
+   failure or cancellation leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from facefuse.config import Settings
+from facefuse.errors import InvalidVideoError, VideoTooLargeError
+from facefuse.video.codecs import Encoder, check_container, container_format
+
+__all__ = ["AudioPacket", "Frame", "VideoInfo", "VideoLimits", "VideoReader", "VideoWriter",
+           "probe"]
+
+#: FFmpeg's AVColorSpace values that facefuse converts with (others: by frame height).
+_BT709, _BT601 = 1, 6
+#: FFmpeg's AVColorRange: unspecified (read as limited), limited (MPEG), full (JPEG).
+_RANGE_MPEG, _RANGE_JPEG = 1, 2
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    """Bounds on one clip (see :mod:`facefuse.config`, ``video_max_*``)."""
+
+    max_bytes: int = 64 * 1024 * 1024
+    max_duration_s: float = 300.0
+    max_side: int = 1920
+    max_fps: float = 60.0
+    max_frames: int = 18_000
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> VideoLimits:
+        return cls(s.video_max_bytes, s.video_max_duration_s, s.video_max_side,
+                   s.video_max_fps, s.video_max_frames)
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a clip's header says.
+
+    Attributes:
+        width, height: coded frame size, pixels (before the display rotation).
+        rotation: the display matrix's counter-clockwise rotation, degrees (0, 90,
+            180, 270); frames are handed over turned by it (upright).
+        fps: the average frame rate (frames per second, exact fraction).
+        time_base: the video stream's time base, seconds per pts tick.
+        frames: the frame count the header declares (0: unknown; then estimated
+            from the duration).
+        duration_s: the clip's duration, seconds.
+        codec: the video codec's FFmpeg name.
+        audio_codec: the first audio stream's codec name, None without audio.
+        colorspace, color_range: FFmpeg's AVColorSpace / AVColorRange of the stream.
+        size: bytes of the file.
+    """
+
+    width: int
+    height: int
+    rotation: int
+    fps: Fraction
+    time_base: Fraction
+    frames: int
+    duration_s: float
+    codec: str
+    audio_codec: str | None
+    colorspace: int
+    color_range: int
+    size: int
+
+    @property
+    def upright_size(self) -> tuple[int, int]:
+        """(width, height) of the frames as shown (after the rotation)."""
+        return (self.height, self.width) if self.rotation % 180 else (self.width, self.height)
+
+    @property
+    def expected_frames(self) -> int:
+        """The declared frame count, or one estimated from duration × rate."""
+        return self.frames or max(1, round(self.duration_s * float(self.fps)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (for job status and bench reports)."""
+        return {"width": self.width, "height": self.height, "rotation": self.rotation,
+                "fps": round(float(self.fps), 3), "frames": self.expected_frames,
+                "duration_s": round(self.duration_s, 3), "codec": self.codec,
+                "audio_codec": self.audio_codec}
+
+
+@dataclass
+class Frame:
+    """One decoded frame: ``rgb`` upright RGB uint8 (H, W, 3); ``pts`` in the
+    stream's time base (None: none stored); ``index`` from 0; ``time_s`` seconds."""
+
+    index: int
+    pts: int | None
+    time_s: float
+    rgb: np.ndarray
+
+
+@dataclass
+class AudioPacket:
+    """An audio packet, passed through to the writer untouched."""
+
+    packet: Any
+
+
+def _open(path: Path) -> Any:
+    import av
+
+    try:
+        return av.open(str(path), "r", metadata_errors="ignore")
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        raise InvalidVideoError(f"cannot read the clip: {exc}", code="corrupt_video") from None
+
+
+def _rotation(container: Any, stream: Any) -> int:
+    """The display rotation (counter-clockwise degrees, a multiple of 90) of the
+    first frame; 0 when there is none."""
+    import av
+
+    try:
+        for frame in container.decode(stream):
+            r = round(float(frame.rotation or 0) / 90.0) * 90
+            return r % 360
+    except av.error.FFmpegError:
+        return 0
+    return 0
+
+
+def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
+    """Read ``path``'s header (and its first frame's display matrix) and check it
+    against ``limits``.
+
+    Raises:
+        InvalidVideoError: ``corrupt_video``, ``no_video_stream``.
+        VideoTooLargeError: over a limit (``video_too_large``, ``video_too_long``,
+            ``video_resolution_too_high``, ``video_fps_too_high``).
+    """
+    limits = limits or VideoLimits()
+    size = path.stat().st_size
+    if size > limits.max_bytes:
+        raise VideoTooLargeError(f"the clip is {size} bytes; the limit is {limits.max_bytes}",
+                                 code="video_too_large")
+    with contextlib.closing(_open(path)) as c:
+        if not c.streams.video:
+            raise InvalidVideoError("the file has no video stream", code="no_video_stream")
+        if c.format.name == "image2" or c.format.name.endswith("_pipe"):
+            raise InvalidVideoError("the file is a still image, not a clip (send images as "
+                                    "a target)", code="no_video_stream")
+        v = c.streams.video[0]
+        cc = v.codec_context
+        fps = Fraction(v.average_rate or v.guessed_rate or v.base_rate or 0)
+        tb = Fraction(v.time_base or Fraction(1, 90000))
+        if v.duration is not None:
+            duration = float(v.duration * tb)
+        elif c.duration is not None:
+            duration = c.duration / 1_000_000
+        else:
+            duration = 0.0
+        audio = c.streams.audio[0].codec_context.name if c.streams.audio else None
+        width, height = int(cc.width or 0), int(cc.height or 0)
+        if width <= 0 or height <= 0 or fps <= 0:
+            raise InvalidVideoError("the video stream has no frame size or rate",
+                                    code="corrupt_video")
+        info = VideoInfo(width, height, 0, fps, tb, int(v.frames or 0), duration, cc.name,
+                         audio, int(cc.colorspace or 0), int(cc.color_range or 0), size)
+        _check_limits(info, limits)
+        rotation = _rotation(c, v)
+    return VideoInfo(**{**info.__dict__, "rotation": rotation})
+
+
+def _check_limits(info: VideoInfo, limits: VideoLimits) -> None:
+    if max(info.width, info.height) > limits.max_side:
+        raise VideoTooLargeError(
+            f"the clip is {info.width}x{info.height}; the longer side may be at most "
+            f"{limits.max_side}", code="video_resolution_too_high")
+    if float(info.fps) > limits.max_fps + 1e-6:
+        raise VideoTooLargeError(f"the clip runs at {float(info.fps):.2f} fps; the limit is "
+                                 f"{limits.max_fps:g}", code="video_fps_too_high")
+    if info.duration_s > limits.max_duration_s or info.expected_frames > limits.max_frames:
+        raise VideoTooLargeError(
+            f"the clip lasts {info.duration_s:.1f} s ({info.expected_frames} frames); the "
+            f"limits are {limits.max_duration_s:g} s and {limits.max_frames} frames",
+            code="video_too_long")
+
+
+def conversion(info: VideoInfo) -> tuple[str, str]:
+    """(colour matrix, range) names for PyAV's reformatter: the stream's own, or by
+    frame height when unspecified (BT.709 from 720 lines up, else BT.601)."""
+    if info.colorspace == _BT709:
+        matrix = "ITU709"
+    elif info.colorspace in (5, _BT601):
+        matrix = "ITU601"
+    else:
+        matrix = "ITU709" if min(info.width, info.height) >= 720 else "ITU601"
+    return matrix, ("JPEG" if info.color_range == _RANGE_JPEG else "MPEG")
+
+
+class VideoReader:
+    """Decodes a clip into upright RGB :class:`Frame` s and its audio into
+    :class:`AudioPacket` s, in file order. One pass; iterate once."""
+
+    def __init__(self, path: Path, info: VideoInfo, limits: VideoLimits | None = None) -> None:
+        self.path = path
+        self.info = info
+        self.limits = limits or VideoLimits()
+
+    def __iter__(self) -> Iterator[Frame | AudioPacket]:
+        import av
+
+        info = self.info
+        matrix, rng = conversion(info)
+        turns = info.rotation // 90
+        with contextlib.closing(_open(self.path)) as c:
+            v = c.streams.video[0]
+            v.thread_type = "AUTO"
+            streams = [v] + ([c.streams.audio[0]] if c.streams.audio else [])
+            audio = streams[1] if len(streams) > 1 else None
+            index = 0
+            start = v.start_time or 0
+            try:
+                for packet in c.demux(*streams):
+                    if audio is not None and packet.stream is audio:
+                        if packet.dts is not None:
+                            yield AudioPacket(packet)
+                        continue
+                    for frame in packet.decode():
+                        if frame.width != info.width or frame.height != info.height:
+                            raise InvalidVideoError(
+                                f"frame {index} is {frame.width}x{frame.height}, the header "
+                                f"says {info.width}x{info.height}", code="corrupt_video")
+                        if index >= self.limits.max_frames:
+                            raise VideoTooLargeError(
+                                f"the clip has more than {self.limits.max_frames} frames",
+                                code="video_too_long")
+                        rgb = frame.reformat(format="rgb24", src_colorspace=matrix,
+                                             src_color_range=rng).to_ndarray()
+                        if turns:
+                            rgb = np.ascontiguousarray(np.rot90(rgb, turns))
+                        pts = frame.pts
+                        t = (float((pts - start) * info.time_base) if pts is not None
+                             else index / float(info.fps))
+                        yield Frame(index, pts, t, rgb)
+                        index += 1
+            except av.error.FFmpegError as exc:
+                raise InvalidVideoError(f"frame {index} cannot be decoded: {exc}",
+                                        code="corrupt_video") from None
+            if index == 0:
+                raise InvalidVideoError("the clip has no decodable frame", code="corrupt_video")
+
+
+class VideoWriter:
+    """Encodes upright RGB frames into ``dest`` with ``encoder``, copying the audio
+    packets it is given; atomic (see the module docstring). Use as a context
+    manager: leaving it with an exception discards the partial file."""
+
+    def __init__(self, dest: Path, info: VideoInfo, encoder: Encoder,
+                 source: Path, *, threads: int = 0) -> None:
+        self.dest = dest
+        self.info = info
+        self.encoder = encoder
+        check_container(dest.suffix, encoder, info.audio_codec)
+        self._format = container_format(dest)
+        self._source = source
+        self._threads = threads
+        self._tmp: Path | None = None
+        self._out: Any = None
+        self._video: Any = None
+        self._audio: Any = None
+        self._src: Any = None
+        self._last_pts: int | None = None
+        self.frames = 0
+
+    def __enter__(self) -> VideoWriter:
+        import av
+
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.dest.name}.", suffix=self.dest.suffix,
+                                   dir=self.dest.parent)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        info = self.info
+        out = av.open(str(self._tmp), "w", format=self._format)
+        self._out = out
+        v: Any = out.add_stream(self.encoder.codec, rate=info.fps,
+                           options=dict(self.encoder.options))
+        v.width, v.height = info.width, info.height
+        v.pix_fmt = "yuv420p"
+        v.time_base = info.time_base
+        v.codec_context.time_base = info.time_base
+        if self._threads:
+            v.codec_context.thread_count = self._threads
+        v.codec_context.color_range = (_RANGE_JPEG if info.color_range == _RANGE_JPEG
+                                       else _RANGE_MPEG)
+        v.codec_context.colorspace = _BT709 if conversion(info)[0] == "ITU709" else _BT601
+        if info.rotation:
+            v.set_display_rotation(info.rotation)
+        self._video = v
+        if info.audio_codec is not None:
+            # The source's audio stream parameters, copied (its packets come from the reader).
+            self._src = _open(self._source)
+            self._audio = out.add_stream_from_template(self._src.streams.audio[0])
+        return self
+
+    def write(self, frame: Frame, rgb: np.ndarray) -> None:
+        """Encode ``rgb`` (upright RGB uint8, the frame's size) at ``frame``'s time."""
+        import av
+
+        turns = self.info.rotation // 90
+        coded = np.ascontiguousarray(np.rot90(rgb, -turns)) if turns else rgb
+        matrix, rng = conversion(self.info)
+        vf = av.VideoFrame.from_ndarray(coded, format="rgb24").reformat(
+            format="yuv420p", dst_colorspace=matrix, dst_color_range=rng)
+        pts = frame.pts
+        if pts is None:
+            pts = round(frame.index / float(self.info.fps) / float(self.info.time_base))
+        if self._last_pts is not None and pts <= self._last_pts:
+            pts = self._last_pts + 1  # encoders need strictly increasing times
+        self._last_pts = pts
+        vf.pts = pts
+        vf.time_base = self.info.time_base
+        for p in self._video.encode(vf):
+            self._out.mux(p)
+        self.frames += 1
+
+    def write_audio(self, item: AudioPacket) -> None:
+        """Copy one audio packet into the output."""
+        if self._audio is None:
+            return
+        packet = item.packet
+        packet.stream = self._audio
+        self._out.mux(packet)
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        assert self._tmp is not None
+        try:
+            if exc_type is None:
+                for p in self._video.encode(None):
+                    self._out.mux(p)
+            self._out.close()
+        except BaseException:
+            self._tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            if self._src is not None:
+                self._src.close()
+        if exc_type is None:
+            os.replace(self._tmp, self.dest)
+        else:
+            self._tmp.unlink(missing_ok=True)
+
+
+def frame_count(path: Path) -> int:
+    """Frames of ``path``'s first video stream, counted by decoding (tests, bench)."""
+    with contextlib.closing(_open(path)) as c:
+        return sum(1 for _ in c.decode(c.streams.video[0]))
+
+
+def seconds(value: float) -> str:
+    """``"1:05"``-style duration for progress lines."""
+    if not math.isfinite(value) or value < 0:
+        return "?"
+    m, s = divmod(round(value), 60)
+    return f"{m}:{s:02d}"

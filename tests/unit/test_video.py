@@ -1,0 +1,284 @@
+"""The video engine on clips made from the sample photos: what it keeps (frames,
+times, rotation, audio), how it tracks (a second face, a cut, no face), how steady
+it is, and how it refuses bad clips."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+from video_clips import blank, clip, scene
+
+from facefuse.errors import CancelledError, InvalidVideoError, VideoTooLargeError
+from facefuse.faces.analyser import FaceAnalyser
+from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.types import FuseOptions
+from facefuse.video.engine import ClipFusion, FrameStats, VideoFuser, VideoOptions
+from facefuse.video.io import Frame, VideoLimits, VideoReader, probe
+from facefuse.video.smoothing import OneEuroFilter
+
+SOURCE = "biden"
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory, analyser: FaceAnalyser,
+          sample_images: dict[str, np.ndarray]) -> dict[str, Path]:
+    """The test clips, written once: ``motion`` (25 fps, audio), ``story`` (a second
+    face enters and leaves, then a cut to another photo of the first person),
+    ``rotated`` (a phone clip, display matrix 90°), ``vfr`` (irregular frame times),
+    ``wall`` (no face), ``dimming`` (the light falls to 60 % over 12 frames)."""
+    d = tmp_path_factory.mktemp("clips")
+    im = sample_images
+    times = [0.0]
+    for i in range(1, 16):
+        times.append(times[-1] + (0.02 if i % 3 else 0.09))
+    return {
+        "motion": clip(d / "motion.mp4", [scene(analyser, im["obama"], 16)], audio=True),
+        "story": clip(d / "story.mp4", [scene(analyser, im["obama"], 24, guest=im["biden"]),
+                                        scene(analyser, im["obama2"], 8)]),
+        "rotated": clip(d / "rotated.mp4", [scene(analyser, im["obama3"], 8)], rotation=90),
+        "vfr": clip(d / "vfr.mp4", [scene(analyser, im["obama"], 16)], times=times),
+        "wall": blank(d / "wall.mp4", 6, audio=True),
+        "dimming": clip(d / "dimming.mp4", [scene(analyser, im["obama"], 12, light=(1.0, 0.6),
+                                                  amplitude=0.3)]),
+    }
+
+
+@pytest.fixture(scope="module")
+def video(fuser: FaceFuser) -> VideoFuser:
+    return VideoFuser(fuser)
+
+
+def frames_of(path: Path) -> list[Any]:
+    with contextlib.closing(av.open(str(path))) as c:
+        return [(f.pts, f.time, f.rotation, f.to_ndarray(format="rgb24"))
+                for f in c.decode(c.streams.video[0])]
+
+
+def audio_packets(path: Path) -> list[bytes]:
+    with contextlib.closing(av.open(str(path))) as c:
+        if not c.streams.audio:
+            return []
+        return [bytes(p) for p in c.demux(c.streams.audio[0]) if p.size]
+
+
+def run_states(fuser: FaceFuser, path: Path, options: VideoOptions,
+               sample_paths: dict[str, Path], **kw: Any) -> Iterator[tuple[Frame, FrameStats]]:
+    state = ClipFusion(fuser, options, [sample_paths[SOURCE]], **kw)
+    for item in VideoReader(path, probe(path)):
+        if isinstance(item, Frame):
+            _, stats = state.process(item.rgb, item.index, item.time_s)
+            yield item, stats
+
+
+# --- what a clip keeps -------------------------------------------------------------------
+
+
+def test_frames_times_and_audio_are_kept(video: VideoFuser, clips: dict[str, Path],
+                                         sample_paths: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out.mp4"
+    report = video.fuse_video(sample_paths[SOURCE], clips["motion"], out)
+    src, dst = frames_of(clips["motion"]), frames_of(out)
+    assert len(dst) == len(src) == report.frames == 16
+    assert [f[1] for f in dst] == pytest.approx([f[1] for f in src], abs=1e-3)
+    info = probe(out)
+    assert info.fps == Fraction(25) and info.codec == "vp9"
+    # The audio is copied, packet for packet.
+    assert audio_packets(out) == audio_packets(clips["motion"]) != []
+    assert report.fused_frames == 16 and report.tracks == 1
+    # The face changed, the wall did not (beyond the encoders' loss).
+    a, b = src[8][3].astype(np.float32), dst[8][3].astype(np.float32)
+    diff = np.abs(a - b).mean(axis=2)
+    assert diff[150:230, 130:210].mean() > 6.0
+    assert np.median(diff[:, 400:]) < 3.0
+    assert not list(tmp_path.glob(".out.mp4.*"))  # no temporary file left
+
+
+def test_variable_frame_times_are_kept(video: VideoFuser, clips: dict[str, Path],
+                                       sample_paths: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "vfr.mkv"
+    video.fuse_video(sample_paths[SOURCE], clips["vfr"], out)
+    src, dst = frames_of(clips["vfr"]), frames_of(out)
+    gaps = np.diff([f[1] for f in src])
+    assert gaps.max() > 3 * gaps.min()  # the clip really is irregular
+    assert [f[1] for f in dst] == pytest.approx([f[1] for f in src], abs=2e-3)
+
+
+def test_rotated_clip_keeps_its_display_matrix(video: VideoFuser, clips: dict[str, Path],
+                                               sample_paths: dict[str, Path],
+                                               tmp_path: Path) -> None:
+    out = tmp_path / "rot.mp4"
+    report = video.fuse_video(sample_paths[SOURCE], clips["rotated"], out)
+    src, dst = probe(clips["rotated"]), probe(out)
+    assert src.rotation == dst.rotation == 90
+    assert (dst.width, dst.height) == (src.width, src.height) == (360, 480)  # stored turned
+    # Faces are found only upright: every frame fused means the turn was applied.
+    assert report.fused_frames == report.frames == 8
+
+
+def test_no_face_clip_is_reencoded_unchanged(video: VideoFuser, clips: dict[str, Path],
+                                             sample_paths: dict[str, Path],
+                                             tmp_path: Path) -> None:
+    out = tmp_path / "wall.mp4"
+    report = video.fuse_video(sample_paths[SOURCE], clips["wall"], out)
+    assert report.fused_frames == 0 and report.frames == 6
+    assert any("no frame" in n for n in report.notes)
+    assert len(frames_of(out)) == 6 and audio_packets(out) == audio_packets(clips["wall"])
+
+
+def test_fused_face_follows_a_lighting_change(video: VideoFuser, clips: dict[str, Path],
+                                              sample_paths: dict[str, Path],
+                                              tmp_path: Path) -> None:
+    """The tone smoothing steadies flicker but must not hold the face at the old light."""
+    out = tmp_path / "dim.mp4"
+    video.fuse_video(sample_paths[SOURCE], clips["dimming"], out)
+    src, dst = frames_of(clips["dimming"]), frames_of(out)
+    box = (slice(140, 220), slice(140, 200))  # the middle of the face (it barely moves)
+
+    def level(frames: list[Any], i: int) -> float:
+        return float(frames[i][3][box].astype(np.float32).mean())
+
+    want = level(src, -1) / level(src, 0)
+    got = level(dst, -1) / level(dst, 0)
+    assert want < 0.7
+    assert abs(got - want) < 0.08
+
+
+# --- tracking ----------------------------------------------------------------------------
+
+
+def test_mode_one_keeps_the_same_person(fuser: FaceFuser, clips: dict[str, Path],
+                                        sample_paths: dict[str, Path]) -> None:
+    runs = list(run_states(fuser, clips["story"], VideoOptions(), sample_paths))
+    both = [s for _, s in runs if len(s.tracks) == 2]
+    assert both, "the second face was never found"
+    # While both are in view, only the first person is fused.
+    assert all(s.fused == [min(s.tracks)] for s in both)
+    cut = [i for i, (_, s) in enumerate(runs) if s.cut]
+    assert cut == [24]
+    # After the cut the same person (another photo of him) keeps track 0.
+    assert all(s.fused == [0] for _, s in runs[24:])
+
+
+def test_mode_many_fuses_each_track_and_detects_sparsely(
+        fuser: FaceFuser, clips: dict[str, Path], sample_paths: dict[str, Path]) -> None:
+    opts = VideoOptions(fuse=FuseOptions(mode="many"), detect_every=8)
+    runs = list(run_states(fuser, clips["story"], opts, sample_paths))
+    both = [s for _, s in runs if len(s.tracks) == 2]
+    assert both and all(sorted(s.fused) == sorted(s.tracks) for s in both)
+    # Detection ran on far fewer frames than it tracked.
+    assert sum(s.detected for _, s in runs) <= len(runs) // 2
+
+
+def test_reference_mode_fuses_only_that_person(
+        fuser: FaceFuser, clips: dict[str, Path], sample_paths: dict[str, Path]) -> None:
+    opts = VideoOptions(fuse=FuseOptions(mode="reference"))
+    runs = list(run_states(fuser, clips["story"], opts, sample_paths,
+                           reference=sample_paths["biden"]))
+    fused = {t for _, s in runs for t in s.fused}
+    both = [s for _, s in runs if len(s.tracks) == 2]
+    assert both and fused == {max(both[0].tracks)}  # the guest's track, nothing else
+
+
+def test_tracked_mesh_matches_a_fresh_detection(
+        fuser: FaceFuser, analyser: FaceAnalyser, clips: dict[str, Path],
+        sample_paths: dict[str, Path]) -> None:
+    opts = VideoOptions(detect_every=300, smooth=False)
+    errors = []
+    for frame, stats in run_states(fuser, clips["motion"], opts, sample_paths):
+        if stats.detected:
+            continue
+        fresh = analyser.analyse(frame.rgb, embed=False)[0].landmarks
+        assert fresh is not None
+        tracked = stats.raw_landmarks[0]
+        errors.append(float(np.linalg.norm(tracked[:468, :2] - fresh[:468, :2], axis=1).mean())
+                      / eye_distance(fresh))
+    assert len(errors) == 15
+    assert max(errors) < 0.05  # within 5 % of the eye distance on every frame
+
+
+def test_smoothing_steadies_landmarks(fuser: FaceFuser, clips: dict[str, Path],
+                                      sample_paths: dict[str, Path]) -> None:
+    raw, smooth = [], []
+    for _, s in run_states(fuser, clips["motion"], VideoOptions(detect_every=4), sample_paths):
+        raw.append(s.raw_landmarks[0][:468, :2])
+        smooth.append(s.landmarks[0][:468, :2])
+
+    def jitter(seq: list[np.ndarray]) -> float:
+        a = np.stack(seq).astype(np.float64)
+        return float(np.abs(a[2:] - 2 * a[1:-1] + a[:-2]).mean())  # 2nd difference
+
+    assert jitter(smooth) < 0.8 * jitter(raw)
+
+
+def test_one_euro_filter_steadies_rest_and_follows_motion() -> None:
+    rng = np.random.default_rng(0)
+    f = OneEuroFilter(min_cutoff=1.0, beta=0.8)
+    still = [f(np.array([100.0]) + rng.normal(0, 1.0, 1), i / 25, scale=60.0)
+             for i in range(100)]
+    assert np.std(still[20:]) < 0.5
+    f.reset()
+    moving = [f(np.array([4.0 * i]), i / 25, scale=60.0)[0] for i in range(50)]
+    assert abs(moving[-1] - 4.0 * 49) < 12.0  # under 3 frames behind at 100 px/s
+
+
+# --- refusals ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "photo"])
+def test_corrupt_clip_is_a_typed_error(video: VideoFuser, clips: dict[str, Path],
+                                       sample_paths: dict[str, Path], tmp_path: Path,
+                                       damage: str) -> None:
+    bad = tmp_path / "bad.mp4"
+    data = clips["motion"].read_bytes()
+    if damage == "truncated":
+        bad.write_bytes(data[: len(data) // 3])
+    elif damage == "garbage":
+        bad.write_bytes(bytes(np.random.default_rng(1).integers(0, 256, 20000, np.uint8)))
+    else:
+        bad.write_bytes(sample_paths["obama"].read_bytes())
+    out = tmp_path / "out.mp4"
+    with pytest.raises(InvalidVideoError) as err:
+        video.fuse_video(sample_paths[SOURCE], bad, out)
+    assert err.value.code in ("corrupt_video", "no_video_stream")
+    assert not out.exists() and not list(tmp_path.glob(".out.mp4.*"))
+
+
+def test_limits_refuse_before_decoding(fuser: FaceFuser, clips: dict[str, Path],
+                                       sample_paths: dict[str, Path], tmp_path: Path) -> None:
+    for limits, code in ((VideoLimits(max_frames=10), "video_too_long"),
+                         (VideoLimits(max_side=400), "video_resolution_too_high"),
+                         (VideoLimits(max_fps=24), "video_fps_too_high"),
+                         (VideoLimits(max_bytes=1000), "video_too_large")):
+        with pytest.raises(VideoTooLargeError) as err:
+            VideoFuser(fuser, limits).fuse_video(sample_paths[SOURCE], clips["motion"],
+                                                 tmp_path / "o.mp4")
+        assert err.value.code == code and err.value.http_status == 413
+
+
+def test_webm_cannot_take_aac_audio(video: VideoFuser, clips: dict[str, Path],
+                                    sample_paths: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(InvalidVideoError) as err:
+        video.fuse_video(sample_paths[SOURCE], clips["motion"], tmp_path / "o.webm")
+    assert err.value.code == "unsupported_container"
+
+
+def test_cancel_leaves_no_output(video: VideoFuser, clips: dict[str, Path],
+                                 sample_paths: dict[str, Path], tmp_path: Path) -> None:
+    calls = []
+
+    def cancelled() -> bool:
+        calls.append(1)
+        return len(calls) > 3
+
+    out = tmp_path / "c.mp4"
+    with pytest.raises(CancelledError):
+        video.fuse_video(sample_paths[SOURCE], clips["motion"], out, cancelled=cancelled)
+    assert not out.exists() and not list(tmp_path.iterdir())

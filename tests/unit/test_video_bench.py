@@ -1,0 +1,29 @@
+"""bench/video.py end to end at its smallest settings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.bench
+def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_paths: object,
+                                                    tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "video.py"), "--sizes", "480", "--frames", "6",
+         "--workers", "1", "--repeat", "1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "video.json").read_text())["rows"]
+    kinds = {(r["kind"], r["workers"]): r for r in rows}
+    assert set(kinds) == {("facefuse", 1), ("naive", 1)}
+    engine = kinds[("facefuse", 1)]
+    assert engine["frames"] == 6 and engine["fps"] > 0 and engine["peak_rss_mb"] > 0
+    assert engine["jitter_smooth_pct"] < engine["jitter_raw_pct"]
+    assert 0 < engine["flicker"] < 5
