@@ -170,8 +170,12 @@ class Settings:
     c2pa_key: Path | None = None
 
     # --- templates (see docs/api.md) ---------------------------------------------------
-    #: ``file`` (under ``templates_dir``, one replica) or ``redis`` (``redis_url``, shared).
+    #: ``file`` (under ``templates_dir``, one replica) or ``redis`` (``templates_redis_url``,
+    #: shared by replicas).
     templates_backend: Literal["file", "redis"] = "file"
+    #: The Redis of the template store: templates are user data, so a Redis of their
+    #: own (``maxmemory-policy noeviction``, ``appendonly yes``), never the L2 cache's.
+    templates_redis_url: str = field(default="", repr=False)
     #: Where the file backend keeps templates; default ``<home>/templates``.
     templates_dir: Path | None = None
     #: Most templates stored, and most bytes (images + analyses) over all of them.
@@ -280,6 +284,16 @@ class Settings:
              "templates_max_count and templates_max_bytes must be >= 1"),
             (not s.redis_url or s.redis_url.startswith(("redis://", "rediss://", "unix://")),
              "redis_url must start with redis://, rediss:// or unix://"),
+            (not s.templates_redis_url or s.templates_redis_url.startswith(
+                ("redis://", "rediss://", "unix://")),
+             "templates_redis_url must start with redis://, rediss:// or unix://"),
+            (s.templates_backend != "redis" or bool(s.templates_redis_url),
+             "templates_backend=redis needs templates_redis_url (a Redis of its own, with "
+             "noeviction and appendonly: the L2 cache's Redis evicts)"),
+            (not s.templates_redis_url or _redis_target(s.templates_redis_url)
+             != _redis_target(s.redis_url),
+             "templates_redis_url must not be the L2 cache's redis_url: under the cache's "
+             "eviction policy templates would be evicted"),
         ]
 
 
@@ -302,6 +316,14 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 #: String fields that are keywords, so case does not matter.
 _ENUM_FIELDS = frozenset({"precision", "detector", "log_level", "io_binding", "pixel_backend",
                           "templates_backend", "label_corner"})
+
+
+def _redis_target(url: str) -> tuple[str, int, str]:
+    """(host, port, database) a Redis URL points at, passwords left out."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return (u.hostname or u.path, u.port or 6379, u.path.strip("/") or "0")
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

@@ -408,24 +408,31 @@ async def healthz() -> dict[str, str]:
             tags=["health"])
 async def readyz(request: Request) -> JSONResponse:
     """200 ``ready``; 200 ``degraded`` while a configured Redis is unreachable (requests
-    still succeed, without the shared L2); 503 ``not_ready`` while loading or draining."""
+    still succeed, without the shared L2) or while the template store is unreachable or
+    not durable (``templates_durable: false``, the reason in ``templates_warning``); 503
+    ``not_ready`` while loading or draining."""
     svc = services(request)
     pipeline = svc.pipeline
     models_ok = pipeline is not None and all(
         n in pipeline.registry.loaded() for n in pipeline.model_names)
     batchers_ok = pipeline is not None and pipeline.running
     l2_ok = await svc.l2.ping()
+    store = svc.templates
+    health = await store.health() if store is not None else None
+    templates_ok = health is None or (health.reachable and health.durable is not False)
     if not (models_ok and batchers_ok) or svc.draining:
         status, code = "not_ready", 503
     else:
-        status, code = ("ready" if l2_ok else "degraded"), 200
-    body = {
-        "status": status,
-        "checks": {"models": models_ok, "batchers": batchers_ok,
-                   "l2": svc.l2.kind, "l2_healthy": l2_ok,
-                   "draining": svc.draining},
-    }
-    return JSONResponse(body, status_code=code)
+        status, code = ("ready" if l2_ok and templates_ok else "degraded"), 200
+    checks: dict[str, Any] = {"models": models_ok, "batchers": batchers_ok,
+                              "l2": svc.l2.kind, "l2_healthy": l2_ok,
+                              "draining": svc.draining}
+    if store is not None and health is not None:
+        checks.update({"templates": store.kind, "templates_reachable": health.reachable,
+                       "templates_durable": health.durable})
+        if health.reason:
+            checks["templates_warning"] = health.reason
+    return JSONResponse({"status": status, "checks": checks}, status_code=code)
 
 
 @router.get("/metrics", summary="Prometheus metrics", tags=["health"],
