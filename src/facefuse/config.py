@@ -85,6 +85,10 @@ class Settings:
     redis_ttl_s: int = 3600
     #: Redis connect/command timeout, seconds (a cache slower than computing is useless).
     redis_timeout_s: float = 0.1
+    #: ``tenant``: each API key (by label) has its own L1 and L2 entries, so a cache hit
+    #: never tells one tenant what another uploaded; ``shared``: one cache for all keys
+    #: (one tenant, or tenants that trust each other). Without API keys: shared.
+    cache_scope: Literal["tenant", "shared"] = "tenant"
     #: L1 analysis cache bound (decoded-image analyses), bytes.
     l1_cache_bytes: int = 32 * 1024 * 1024
     #: In-process L2 result cache bound (when no Redis), bytes.
@@ -278,6 +282,8 @@ class Settings:
             (s.debug_batch_delay_ms >= 0, "debug_batch_delay_ms must be >= 0"),
             (0.005 <= s.label_scale <= 0.25, "label_scale must be in 0.005..0.25"),
             (0 < len(s.label_text) <= 64, "label_text must be 1..64 characters"),
+            (s.cache_scope in ("tenant", "shared"),
+             f"cache_scope must be tenant|shared, not {s.cache_scope!r}"),
             (s.templates_backend in ("file", "redis"),
              f"templates_backend must be file|redis, not {s.templates_backend!r}"),
             (s.templates_max_count >= 1 and s.templates_max_bytes >= 1,
@@ -315,7 +321,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 #: String fields that are keywords, so case does not matter.
 _ENUM_FIELDS = frozenset({"precision", "detector", "log_level", "io_binding", "pixel_backend",
-                          "templates_backend", "label_corner"})
+                          "templates_backend", "label_corner", "cache_scope"})
 
 
 def _redis_target(url: str) -> tuple[str, int, str]:

@@ -24,7 +24,7 @@ from facefuse.errors import DeadlineExceededError, NoFaceError
 from facefuse.faces.detectors import Purpose
 from facefuse.faces.recognizer import cosine_similarity, distance
 from facefuse.faces.types import Face
-from facefuse.serving.cache.keys import result_key, sha256_hex
+from facefuse.serving.cache.keys import result_key, sha256_hex, tenant_key
 from facefuse.serving.cache.results import CachedResult
 from facefuse.serving.fuse_request import SOURCE_FIELDS, FuseRequest, read_fuse_request
 from facefuse.serving.inputs import read_request, validate_params
@@ -183,6 +183,7 @@ async def serve_fusion(
     """
     svc = services(request)
     pipeline = svc.require_pipeline()
+    key = tenant_key(key, ctx.tenant)
     t = time.perf_counter()
     cached = await svc.l2.get(key)
     lookup_ms = (time.perf_counter() - t) * 1000.0
