@@ -110,3 +110,24 @@ def test_graceful_shutdown_answers_every_request_in_flight(
         assert '"drained": true' in log
     finally:
         proc.kill()
+
+
+def test_one_request_is_never_refused_by_its_own_images(
+        slow: ServerProcess, sample_images: dict[str, np.ndarray]) -> None:
+    """Source and target the same fresh large photo (scanned whole and in tiles: many
+    detector items each) on a two-item queue, the server otherwise idle: 200, and no
+    unretrieved task exception in the log."""
+    import io
+
+    from PIL import Image
+
+    # A small face on a large canvas: missed by the whole-image pass, found in tiles.
+    canvas = Image.new("RGB", (4000, 3000), (120, 130, 140))
+    canvas.paste(Image.fromarray(sample_images["obama"]).resize((480, 600)), (1700, 1200))
+    buf = io.BytesIO()
+    canvas.save(buf, "JPEG", quality=85)
+    big = buf.getvalue()
+    with slow.client() as c:
+        r = c.post("/v1/fuse", files={"source": ("s.jpg", big), "target": ("t.jpg", big)})
+    assert r.status_code == 200, r.text
+    assert "never retrieved" not in slow.log_tail(200_000)

@@ -379,7 +379,7 @@ class Pipeline:
         self, name: str, xs: Sequence[np.ndarray], ctx: RequestContext
     ) -> Coroutine[Any, Any, list[list[np.ndarray]]]:
         batcher = (self._batched if ctx.batched else self._direct)[name]
-        return batcher.submit_many(xs, deadline=ctx.deadline)
+        return batcher.submit_many(xs, deadline=ctx.deadline, owner=ctx)
 
     # --- decode ------------------------------------------------------------------------
 
