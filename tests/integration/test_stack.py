@@ -1,6 +1,6 @@
 """The deployment topology, live on loopback: nginx → two replicas → one Redis cache
-and one template-store Redis, and Prometheus scraping both, with the nginx config, alert rules and dashboard shipped
-in deploy/.
+and one template-store Redis, and Prometheus scraping both, with the nginx config,
+alert rules and dashboard shipped in deploy/.
 
 One test walks through the stack's promises in order (starting five servers once is
 most of the cost): load is spread over both replicas; a result computed by one is an
