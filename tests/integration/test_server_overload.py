@@ -131,3 +131,25 @@ def test_one_request_is_never_refused_by_its_own_images(
         r = c.post("/v1/fuse", files={"source": ("s.jpg", big), "target": ("t.jpg", big)})
     assert r.status_code == 200, r.text
     assert "never retrieved" not in slow.log_tail(200_000)
+
+
+def test_in_flight_refusals_are_counted_under_their_route(
+    settings: Settings, model_dir: Path, tmp_path: Path, images: list[bytes]
+) -> None:
+    env = {**SLOW, "FACEFUSE_MAX_INFLIGHT": "1", "FACEFUSE_MAX_QUEUE_SIZE": "64"}
+    proc = ServerProcess(settings.home, tmp_path, env, name="inflight").start()
+    try:
+        def one(image: bytes) -> httpx.Response:
+            with proc.client() as c:
+                return faces(c, image)
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(one, images[:4]))
+        refused = [r for r in answers if r.status_code == 503]
+        assert refused and all("in flight" in r.json()["error"]["message"] for r in refused)
+        with proc.client() as c:
+            counts = metric_values(c.get("/metrics").text, "facefuse_http_requests_total")
+        assert counts.get('{method="POST",route="/v1/faces",status="503"}') == len(refused)
+        assert not any('route="unmatched"' in k for k in counts), counts
+    finally:
+        assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
