@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from facefuse.errors import NoFaceError, TemplateExistsError
 from facefuse.fusion.mapping import MAX_MAPPINGS
@@ -69,9 +69,11 @@ class TemplateParams(_Params):
 
     @field_validator("metadata", mode="before")
     @classmethod
-    def _metadata_json(cls, v: Any) -> Any:
+    def _metadata_json(cls, v: Any, info: ValidationInfo) -> Any:
         import json
 
+        if isinstance(v, str) and (info.context or {}).get("typed"):
+            raise ValueError("metadata must be a JSON object (a string only in multipart)")
         if isinstance(v, str):
             try:
                 v = json.loads(v)

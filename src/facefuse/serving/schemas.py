@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from facefuse.fusion.types import MIN_EYE_DISTANCE_PX, MIN_FACE_SIZE_RANGE
 
@@ -75,7 +75,9 @@ class FuseParams(_Params):
 
     @field_validator("mapping", mode="before")
     @classmethod
-    def _mapping_json(cls, v: Any) -> Any:
+    def _mapping_json(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, str) and (info.context or {}).get("typed"):
+            raise ValueError("mapping must be a JSON list (a string only in multipart)")
         if isinstance(v, str):
             try:
                 return json.loads(v)
