@@ -31,7 +31,7 @@ from facefuse.errors import FacefuseError, InvalidArgumentError
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.budget import MemoryBudget, budget_bytes, current_rss_bytes
 from facefuse.serving.cache.results import InProcessResultCache, RedisResultCache, ResultCache
-from facefuse.serving.heap import release_free_heap
+from facefuse.serving.heap import release_free_heap, trim_when_idle
 from facefuse.serving.http_errors import install_error_handlers
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.middleware import RequestContextMiddleware
@@ -142,6 +142,9 @@ def _lifespan(
         watcher: asyncio.Task[None] | None = None
         if settings.reload_poll_s > 0:
             watcher = asyncio.create_task(watch_models(svc), name="model-watcher")
+        # After a burst, the freed image buffers go back to the system.
+        trimmer = asyncio.create_task(trim_when_idle(lambda: (svc.inflight, svc.answered)),
+                                      name="heap-trimmer")
 
         log.info("facefuse ready", extra={"fields": {
             "startup_s": round(time.monotonic() - t0, 2), "models": pipeline.model_versions,
@@ -154,6 +157,9 @@ def _lifespan(
             yield
         finally:
             svc.draining = True
+            trimmer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trimmer
             if watcher is not None:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

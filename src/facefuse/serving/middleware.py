@@ -117,6 +117,7 @@ class RequestContextMiddleware:
                 return
             if limited:
                 self.inflight += 1
+                self.svc.inflight = self.inflight
                 counted = True
                 self.gauge.set(self.inflight)
             await _until_disconnect(self.app(scope, replay, send_wrapper), reader,
@@ -134,6 +135,8 @@ class RequestContextMiddleware:
             reader.release()
             if counted:
                 self.inflight -= 1
+                self.svc.inflight = self.inflight
+                self.svc.answered += 1
                 self.gauge.set(self.inflight)
             self._finish(scope, status, time.monotonic() - t0)
             request_id_var.reset(token)

@@ -79,6 +79,9 @@ class Services:
     #: True once shutdown began: /readyz answers 503, new /v1 requests are refused.
     draining: bool = False
     last_reload: ReloadStatus = field(default_factory=ReloadStatus)
+    #: ``/v1`` requests in flight now, and answered since start (the middleware's counts).
+    inflight: int = 0
+    answered: int = 0
     _flights: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
 
     def require_pipeline(self) -> Pipeline:
