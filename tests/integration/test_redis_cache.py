@@ -36,8 +36,10 @@ def key(n: int) -> str:
 
 
 async def test_two_instances_share_entries(redis_server: RedisServer) -> None:
-    writer = RedisResultCache(redis_server.url, ttl_s=60)
-    reader = RedisResultCache(redis_server.url, ttl_s=60)
+    # A generous timeout: the first command of a process (connection handshake) on a
+    # loaded machine can pass the production 0.1 s, and this test is about sharing.
+    writer = RedisResultCache(redis_server.url, ttl_s=60, socket_timeout=1.0)
+    reader = RedisResultCache(redis_server.url, ttl_s=60, socket_timeout=1.0)
     try:
         assert await reader.get(key(1)) is None
         assert await writer.put(key(1), VALUE)
