@@ -51,11 +51,16 @@ from facefuse.serving.templates import Template, template_id
 
 __all__ = ["router"]
 
-api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)], responses=_ERRORS,
-                tags=["templates"])
+#: What the template routes add to the common errors.
+_GONE: dict[int | str, dict[str, Any]] = {
+    410: {"model": ErrorBody, "description": "Template damaged or lost (set aside)"}}
+api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)],
+                responses={**_ERRORS, **_GONE}, tags=["templates"])
 admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)],
-                  responses={**_ERRORS, 507: {"model": ErrorBody,
-                                              "description": "Template store full"}},
+                  responses={**_ERRORS, **_GONE,
+                             409: {"model": ErrorBody, "description":
+                                   "Image registered already with other labels"},
+                             507: {"model": ErrorBody, "description": "Template store full"}},
                   tags=["templates", "admin"])
 
 
