@@ -154,3 +154,15 @@ def test_redis_records_are_verified_quarantined_and_losses_counted(
 
     asyncio.run(go())
     direct.close()
+
+
+def test_a_file_store_on_tmpfs_says_it_is_not_durable() -> None:
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this machine")
+    with tempfile.TemporaryDirectory(dir=shm) as volatile:
+        on_tmpfs = asyncio.run(FileTemplateStore(Path(volatile) / "tpl", max_count=1,
+                                                 max_bytes=1).health())
+    assert (on_tmpfs.durable, "tmpfs" in on_tmpfs.reason) == (False, True)
