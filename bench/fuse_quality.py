@@ -36,10 +36,10 @@ from facefuse.config import Settings
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import head_pose
-from facefuse.fusion.quality import boundary_delta_e
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.color import detail_energy
 from facefuse.imaging.decode import decode_image
+from facefuse.toolchain.measures import boundary_delta_e
 from facefuse.toolchain.samples import SAMPLES, fetch_samples, identity_of
 from facefuse.toolchain.synthetic import OCCLUDER_KINDS
 from facefuse.toolchain.trials import (

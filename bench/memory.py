@@ -10,7 +10,7 @@ Prints one JSON line per variant; on a shared machine run each variant twice,
 interleaved, and compare like with like.
 
     .venv/bin/python bench/memory.py default arena1:MALLOC_ARENA_MAX=1 \\
-        default arena1:MALLOC_ARENA_MAX=1 [--duration 6]
+        default arena1:MALLOC_ARENA_MAX=1 [--duration 6] [--megapixels 2]
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("variants", nargs="+")
     ap.add_argument("--duration", type=float, default=6.0, help="seconds per level")
+    ap.add_argument("--megapixels", type=float, default=None,
+                    help="portraits of 0.5-1x this many megapixels (default: ~630-900 px)")
     args = ap.parse_args()
-    inputs = Inputs(Settings.from_env())
+    inputs = Inputs(Settings.from_env(), megapixels=args.megapixels)
     pool = Pool(inputs)
     log = Path(tempfile.gettempdir()) / "facefuse-bench-memory.log"
     for k, text in enumerate(args.variants):

@@ -54,6 +54,8 @@ $PY -m pip wheel -q --no-deps -w "$CTX/project" . >&2
 $PY -m pip wheel -q -w "$CTX/deps" "$(ls "$CTX"/project/facefuse-*.whl)[serve,build]" \
     'async-timeout>=4.0.3' >&2
 rm -f "$CTX"/deps/facefuse-*.whl
+# Extension modules without their symbol tables (~19 MB; the base has no binutils).
+$PY deploy/strip-wheels.py "$CTX"/deps/*.whl >&2
 $PY -m pip download -q --no-deps --only-binary=:all: -d "$CTX/pip" pip >&2
 if [ -n "${EXTRA_WHEELS:-}" ]; then
     # shellcheck disable=SC2086  # a list of requirements

@@ -5,9 +5,11 @@
 #   prometheus    (prometheus + promtool: the live stack test scrapes the replicas and
 #                  checks the shipped alert rules and dashboard queries)
 #   podman, buildah, debootstrap  (scripts/build-image.sh: the local base rootfs and the image)
+#   binutils      (strip: scripts/build-image.sh strips the image's wheels' modules)
 #   kubernetes-client  (kubectl kustomize renders deploy/k8s; skipped when a kubectl exists)
 #   libimage-exiftool-perl  (exiftool: an independent reader of the provenance XMP in tests)
 #   chromium, chromium-driver  (the headless browser the web playground is tested in)
+#   jq, curl  (the shell examples of README.md and docs/, run as written by a doc test)
 #
 # Idempotent: packages already on PATH are skipped. Needs root (or passwordless sudo)
 # to install; when neither is available it prints the command to run and exits 1
@@ -18,12 +20,13 @@ set -euo pipefail
 
 declare -A BINARY_OF=([redis-server]=redis-server [nginx]=nginx [prometheus]=promtool
     [podman]=podman [buildah]=buildah [debootstrap]=debootstrap [kubernetes-client]=kubectl
-    [libimage-exiftool-perl]=exiftool [chromium]=chromium [chromium-driver]=chromedriver)
+    [libimage-exiftool-perl]=exiftool [chromium]=chromium [chromium-driver]=chromedriver
+    [jq]=jq [curl]=curl [binutils]=strip)
 PATH="$PATH:/usr/sbin:/sbin"
 
 missing=()
 for pkg in redis-server nginx prometheus podman buildah debootstrap kubernetes-client \
-        libimage-exiftool-perl chromium chromium-driver; do
+        libimage-exiftool-perl chromium chromium-driver jq curl binutils; do
     if command -v "${BINARY_OF[$pkg]}" >/dev/null 2>&1; then
         echo "install-system-deps: ${pkg} present ($(command -v "${BINARY_OF[$pkg]}"))"
     else

@@ -2,20 +2,44 @@
 
 The zoo and samples live under FACEFUSE_HOME (``make test`` sets it up; these
 fixtures build whatever is missing, idempotently, so plain ``pytest`` works too).
+
+Hypothesis runs under one of two profiles: ``ci`` (selected when ``CI=true``, as
+``.ci/run`` sets it) is derandomized and keeps no example database, so every CI
+run draws the same examples; ``dev`` (the default elsewhere) draws new random
+examples each run and replays the failures it saved in ``.hypothesis/``.
+``HYPOTHESIS_PROFILE`` picks one explicitly.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion.engine import FaceFuser
 from facefuse.runtime.registry import ModelRegistry
+
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+hypothesis_settings.register_profile(
+    "dev",
+    database=DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[1] / ".hypothesis"),
+)
+hypothesis_settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") == "true" else "dev")
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """``pytest.mark.anyio`` tests run on asyncio (the server's loop), not trio."""
+    return "asyncio"
 
 
 @pytest.fixture(scope="session")

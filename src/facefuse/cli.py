@@ -13,10 +13,27 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from facefuse.config import Settings
 from facefuse.errors import FacefuseError
+
+if TYPE_CHECKING:
+    from facefuse.fusion.types import FuseOptions
+#: ``facefuse --help``'s text (plain: argparse prints it as it is).
+DESCRIPTION = "Analyse faces, fuse a face into photos, build the models and run the HTTP API."
+EPILOG = """\
+exit codes:
+  0  success
+  1  a batch finished with failed images, or an internal error (rerun with -v)
+  2  usage: a bad option, argument or key
+  3  bad input image (empty, corrupt, unsupported, too large or too small)
+  4  face problem (no face, too small, in profile, index out of range)
+  5  model problem (missing or corrupt model file)
+  6  build or fetch problem (download, checksum, conversion, quantization gate)
+  7  service problem (overloaded, deadline exceeded)
+Every deliberate failure prints 'error[<code>]: <message>' on stderr.
+"""
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -142,16 +159,43 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fuse_options(args: argparse.Namespace) -> Any:
-    from facefuse.fusion.types import FuseOptions
+def _fuse_options(args: argparse.Namespace) -> FuseOptions:
+    """The fusion options of the flags :func:`_add_fuse_option_flags` declared."""
+    from facefuse.fusion.types import FuseOptions, option_specs
 
-    return FuseOptions(
-        degree=args.degree, shape=args.shape, texture=args.texture, mode=args.mode,
-        target_face_index=args.target_face_index, blend=args.blend, swapper=args.swapper,
-        relight=args.relight, reject_source_occluders=args.source_occluders,
-        keep_target_occluders=args.target_occluders, symmetric_fill=args.symmetric_fill,
-        **({} if args.min_face_size is None else {"min_face_size": args.min_face_size}),
-    )
+    return FuseOptions(**{f.name: getattr(args, f.name) for f, spec in option_specs()
+                          if spec.cli is not None})
+
+
+def _add_fuse_option_flags(parser: argparse._ActionsContainer) -> None:
+    """One flag per fusion option with a CLI name, made from its declaration on
+    :class:`~facefuse.fusion.types.FuseOptions` (``--no-…`` switches a default-on
+    option off). Ranges are checked by FuseOptions, so a bad value is its typed error."""
+    from facefuse.fusion.types import option_specs, option_type
+
+    for f, spec in option_specs():
+        if spec.cli is None:
+            continue
+        kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": spec.help}
+        if spec.cli.startswith("--no-"):
+            kw["help"] = f"switch off (on by default): {spec.help}"
+            parser.add_argument(spec.cli, action="store_false", **kw)
+            continue
+        if f.default is False:
+            kw["help"] = f"switch on (off by default): {spec.help}"
+            parser.add_argument(spec.cli, action="store_true", **kw)
+            continue
+        if f.default is not None:
+            kw["help"] = f"{spec.help} (default %(default)s)"
+        hint = option_type(f.name)
+        if get_origin(hint) is Literal:
+            kw["choices"] = list(get_args(hint))
+        else:
+            base = next((a for a in get_args(hint) if a is not type(None)), hint)
+            kw["type"] = base
+        if spec.metavar:
+            kw["metavar"] = spec.metavar
+        parser.add_argument(spec.cli, **kw)
 
 
 def cmd_fuse(args: argparse.Namespace) -> int:
@@ -267,33 +311,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(settings, args.host, args.port, args.workers)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line: one flat declaration of every subcommand and its options
-    (long, but a list, so it reads best in one place)."""
-    p = argparse.ArgumentParser(prog="facefuse", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    sub = p.add_subparsers(dest="command", required=True)
+def _common(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--models-dir", help="model directory (default $FACEFUSE_HOME/models)")
+    sp.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
 
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--models-dir", help="model directory (default $FACEFUSE_HOME/models)")
-        sp.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
 
+def _add_models_parser(sub: Any) -> None:
+    """``facefuse models build|list|verify|quantize``."""
     models = sub.add_parser("models", help="build, list and verify the model zoo")
     msub = models.add_subparsers(dest="models_command", required=True)
     b = msub.add_parser("build", help="fetch pinned sources and convert them to ONNX")
-    common(b)
+    _common(b)
     b.add_argument("--only", nargs="*", help="build only these models")
     b.add_argument("--force", action="store_true", help="rebuild even if up to date")
     b.set_defaults(func=cmd_models_build)
-    ls = msub.add_parser("list", help="models, precision variants and the active one")
-    common(ls)
+    ls = msub.add_parser("list", help="every model on disk, its precision variants and the "
+                         "active one (GET /v1/models lists those a server loaded)")
+    _common(ls)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_models_list)
     v = msub.add_parser("verify", help="check every model file against its sha256")
-    common(v)
+    _common(v)
     v.set_defaults(func=cmd_models_verify)
     q = msub.add_parser("quantize", help="INT8/FP16 variants behind the accuracy gate")
-    common(q)
+    _common(q)
     q.add_argument("--models", nargs="+", help="models to quantize (default: detector, mesh, "
                    "iris, recognizer)")
     q.add_argument("--format", default="auto",
@@ -308,11 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--no-bench", action="store_true", help="skip the timing/RSS measurements")
     q.set_defaults(func=cmd_models_quantize)
 
-    s = sub.add_parser("samples", help="fetch the pinned sample photos")
-    s.set_defaults(func=cmd_samples)
 
+def _add_analyse_parser(sub: Any) -> None:
     a = sub.add_parser("analyse", aliases=["analyze"], help="detect and describe faces")
-    common(a)
+    _common(a)
     a.add_argument("image")
     a.add_argument("--json", action="store_true", help="print JSON")
     a.add_argument("--landmarks", action="store_true", help="include the 478-point mesh")
@@ -320,12 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--annotate", metavar="PNG", help="write an annotated copy")
     a.set_defaults(func=cmd_analyse)
 
+
+def _add_fuse_parser(sub: Any) -> None:
+    """``facefuse fuse``: its images and outputs, the batch flags, the fusion options."""
     f = sub.add_parser(
         "fuse", help="fuse the source face into the target image (or many targets)",
         description="SOURCE... TARGET -o OUT fuses one target; SOURCE... --targets DIR|GLOB "
         "--out-dir OUT (or --pairs CSV --out-dir OUT) fuses many, skipping outputs that "
         "exist (resume) and reporting bad files with their error code (exit 1 if any).")
-    common(f)
+    _common(f)
     f.add_argument("images", nargs="*", metavar="IMAGE",
                    help="source image(s), then the target image (one fusion); only sources "
                    "with --targets")
@@ -343,31 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batch: let --pairs outputs be absolute or outside --out-dir")
     f.add_argument("--json-report", metavar="JSON", help="batch: write done/skipped/failed")
     f.add_argument("--no-progress", action="store_true", help="batch: no progress bar")
-    f.add_argument("--degree", type=float, default=100.0, help="0..100 (default 100)")
-    f.add_argument("--shape", type=float, help="geometry weight 0..100 (default: degree)")
-    f.add_argument("--texture", type=float, help="texture weight 0..100 (default: degree)")
-    f.add_argument("--mode", choices=["one", "many", "reference"], default="one")
-    f.add_argument("--target-face-index", type=int)
     f.add_argument("--reference", help="image of the target person to replace (mode reference)")
     f.add_argument("--map", action="append", metavar="SRC[.FACE]=TARGET",
                    help="face mapping, repeatable: source image SRC (its face FACE, default "
                    "0 = largest) replaces target face TARGET (an index, largest first, or a "
                    "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
-    f.add_argument("--min-face-size", type=float, metavar="PX",
-                   help="smallest face used (source or target), in pixels between the outer eye "
-                   "corners (16..1024, default 40); in mode many and with --map, smaller "
-                   "faces (and faces in profile) are skipped and listed, not fatal")
-    f.add_argument("--blend", choices=["multiband", "poisson", "alpha"], default="multiband")
-    f.add_argument("--swapper", default="classic", help="classic or a registered ONNX swapper")
-    f.add_argument("--no-relight", dest="relight", action="store_false",
-                   help="do not relight the source face with the target's lighting")
-    f.add_argument("--no-source-occluders", dest="source_occluders", action="store_false",
-                   help="take the source's pixels even where something covers its face")
-    f.add_argument("--no-target-occluders", dest="target_occluders", action="store_false",
-                   help="paint over whatever covers the target's face")
-    f.add_argument("--no-symmetric-fill", dest="symmetric_fill", action="store_false",
-                   help="where the source hides part of the face, use the target's own pixels "
-                        "instead of the source's mirrored other half")
+    _add_fuse_option_flags(f.add_argument_group("fusion options"))
     f.add_argument("--quality", type=int, default=92, help="JPEG/WebP quality")
     f.add_argument("--report", metavar="JSON", help="write the quality/timing report")
     f.add_argument("--contact-sheet", metavar="PNG",
@@ -375,8 +399,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "without relighting and occluder masks")
     f.set_defaults(func=cmd_fuse)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every subcommand and its options."""
+    p = argparse.ArgumentParser(prog="facefuse", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_models_parser(sub)
+    s = sub.add_parser("samples", help="fetch the pinned sample photos")
+    s.set_defaults(func=cmd_samples)
+    _add_analyse_parser(sub)
+    _add_fuse_parser(sub)
     sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
-    common(sv)
+    _common(sv)
     sv.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     sv.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")

@@ -26,6 +26,17 @@ def default_home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "facefuse"
 
 
+#: The Settings fields that model sessions (registry, providers, threads, precision,
+#: shape profiles), the detectors, the decoder limits and the pixel backend are built
+#: from; the others only configure the HTTP service, outputs and templates.
+ANALYSIS_FIELDS: Final = (
+    "home", "models_dir", "threads", "providers", "precision", "io_binding", "pixel_backend",
+    "ort_cpu_arena", "optimized_cache", "detector", "det_rotations", "det_score_threshold",
+    "det_yunet_score_threshold", "det_nms_iou", "det_tile_above", "attributes", "max_pixels",
+    "max_bytes", "min_side", "max_batch_size", "gpu_max_batch_size",
+)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Runtime configuration. Every field maps to ``FACEFUSE_<FIELD>`` in upper case."""
@@ -188,6 +199,11 @@ class Settings:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    def analysis_key(self) -> tuple[object, ...]:
+        """The values of :data:`ANALYSIS_FIELDS`: two Settings with the same key build
+        the same model sessions, analyser and fuser (the library shares those)."""
+        return tuple(getattr(self, name) for name in ANALYSIS_FIELDS)
 
     @property
     def model_dir(self) -> Path:

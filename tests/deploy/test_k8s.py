@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,7 +74,7 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 
 def test_overlays_are_the_expected_ones() -> None:
-    assert OVERLAYS == ["cpu", "gpu", "model-volume", "redis"]
+    assert OVERLAYS == ["canary", "cpu", "gpu", "ingress", "model-volume", "redis"]
 
 
 def test_objects_validate_against_kubernetes_schemas(
@@ -89,6 +90,10 @@ def test_objects_validate_against_kubernetes_schemas(
 
 def test_checkov_finds_no_failure(rendered: tuple[str, list[dict[str, Any]], Path]) -> None:
     name, docs, path = rendered
+    if name == "canary":  # checked as it runs: beside the main overlay, whose
+        # NetworkPolicy, Service and PDB select its pods too
+        path = path.with_name("beside-cpu.yaml")
+        path.write_text(yaml.safe_dump_all(render("cpu") + docs, sort_keys=False))
     report = checkov("kubernetes", path)
     assert failed_checks(report) == [], name
     assert report["summary"]["resource_count"] >= len(docs)
@@ -98,9 +103,12 @@ def test_checkov_finds_no_failure(rendered: tuple[str, list[dict[str, Any]], Pat
 def test_deployment_contract(rendered: tuple[str, list[dict[str, Any]], Path]) -> None:
     """What the image and the server expect from the pod, in every overlay."""
     name, docs, _ = rendered
-    deploy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "facefuse")
+    deploy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"]
+                  == ("facefuse-canary" if name == "canary" else "facefuse"))
     spec = deploy["spec"]["template"]["spec"]
-    settings = next(d for d in docs if d["kind"] == "ConfigMap"
+    # the canary runs on the main overlay's settings
+    settings = next(d for d in (render("cpu") if name == "canary" else docs)
+                    if d["kind"] == "ConfigMap"
                     and d["metadata"]["name"] == "facefuse-settings")["data"]
     (container,) = [c for c in spec["containers"] if c["name"] == "facefuse"]
     assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -118,7 +126,12 @@ def test_deployment_contract(rendered: tuple[str, list[dict[str, Any]], Path]) -
     assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
     tag = container["image"].rsplit(":", 1)[-1]
     assert tag != "latest" and "-" in tag  # version-revision
-    hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
+    hpas = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    if name == "canary":
+        assert hpas == []  # the main's HPA scales the main only
+        return
+    (hpa,) = hpas
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "facefuse"
     assert any(m["type"] == "Pods" and m["pods"]["metric"]["name"] == "facefuse_queue_depth"
                for m in hpa["spec"]["metrics"])
     if name == "gpu":
@@ -152,3 +165,95 @@ def test_gpu_dockerfile_keeps_in_step_with_the_cpu_one() -> None:
         return [" ".join(line.split()) for line in lines if line.startswith(keep)]
 
     assert contract(DOCKERFILES[0]) == contract(DOCKERFILES[1])
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_canary_runs_beside_the_main_deployment_on_its_service() -> None:
+    """Rendered next to the cpu overlay: a Deployment of its own (name, labels,
+    selector), 1 replica of another image, reached through the main Service; nothing
+    else, and neither Deployment (nor the HPA) selects the other's pods."""
+    main, canary = render("cpu"), render("canary")
+    assert [(d["kind"], d["metadata"]["name"]) for d in canary] == [
+        ("Deployment", "facefuse-canary")]
+    (can,) = canary
+    (stable,) = [d for d in main if d["kind"] == "Deployment"]
+    can_pods = can["spec"]["template"]["metadata"]["labels"]
+    stable_pods = stable["spec"]["template"]["metadata"]["labels"]
+    assert can["spec"]["replicas"] == 1 < stable["spec"]["replicas"]
+    assert can_pods["track"] == "canary" and stable_pods["track"] == "stable"
+    assert _selects(can["spec"]["selector"]["matchLabels"], can_pods)
+    assert not _selects(can["spec"]["selector"]["matchLabels"], stable_pods)
+    assert not _selects(stable["spec"]["selector"]["matchLabels"], can_pods)
+    by_kind = {d["kind"]: d for d in main}
+    for kind, path in (("Service", ("spec", "selector")),
+                       ("PodDisruptionBudget", ("spec", "selector", "matchLabels")),
+                       ("NetworkPolicy", ("spec", "podSelector", "matchLabels"))):
+        selector = by_kind[kind]
+        for key in path:
+            selector = selector[key]
+        assert _selects(selector, can_pods) and _selects(selector, stable_pods), kind
+    (c_box,) = can["spec"]["template"]["spec"]["containers"]
+    (s_box,) = stable["spec"]["template"]["spec"]["containers"]
+    assert c_box["image"] != s_box["image"]
+    assert c_box["envFrom"] == s_box["envFrom"] and c_box["env"] == s_box["env"]
+    assert {k: v for k, v in c_box.items() if k != "image"} == {
+        k: v for k, v in s_box.items() if k != "image"}  # the same pod, new image
+
+
+def test_ingress_takes_its_parameters_and_routes_only_the_public_api() -> None:
+    docs = render("ingress")
+    text = yaml.safe_dump_all(docs)
+    assert "PARAMETER" not in text and "ingress-parameters" not in text
+    params = dict(line.split("=", 1) for line in
+                  (K8S / "overlays" / "ingress" / "parameters.env").read_text().splitlines()
+                  if line and not line.startswith("#"))
+    (ing,) = [d for d in docs if d["kind"] == "Ingress"]
+    notes = ing["metadata"]["annotations"]
+    prefix = "nginx.ingress.kubernetes.io/"
+    assert notes[prefix + "proxy-body-size"] == params["body-size"] == "10m"
+    for key in ("connect-timeout", "read-timeout", "send-timeout"):
+        assert notes[prefix + "proxy-" + key] == params[key]
+    # the proxy waits longer than the server's own deadline, which then answers 504
+    cpu_settings = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    assert int(params["read-timeout"]) > int(cpu_settings["FACEFUSE_REQUEST_TIMEOUT_S"])
+    (tls,) = ing["spec"]["tls"]
+    (rule,) = ing["spec"]["rules"]
+    assert tls == {"hosts": [params["host"]], "secretName": params["tls-secret"]}
+    assert rule["host"] == params["host"]
+    assert ing["spec"]["ingressClassName"] == params["ingress-class"]
+    paths = {p["path"] for p in rule["http"]["paths"]}
+    assert "/v1/" in paths and "/" in paths
+    assert not {"/metrics", "/healthz", "/readyz"} & paths
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    for p in rule["http"]["paths"]:
+        backend = p["backend"]["service"]
+        assert backend["port"]["name"] in {q["name"] for q in
+                                           services[backend["name"]]["spec"]["ports"]}
+    # the NetworkPolicy admits the ingress-nginx controller's pods
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    sources = [f["namespaceSelector"]["matchLabels"] for f in policy["spec"]["ingress"][0]["from"]]
+    assert {"kubernetes.io/metadata.name": "ingress-nginx"} in sources
+
+
+def test_prometheus_adapter_config_serves_the_hpa_metric() -> None:
+    """The Helm values and the plain adapter config carry one rule, for the metric the
+    HPA asks for and the server exports."""
+    adapter = K8S / "prometheus-adapter"
+    values = yaml.safe_load((adapter / "values.yaml").read_text())
+    config = yaml.safe_load((adapter / "config.yaml").read_text())
+    assert values["rules"]["custom"] == config["rules"]
+    assert values["rules"]["default"] is False and set(config) == {"rules"}
+    assert values["prometheus"]["url"].startswith("http") and values["prometheus"]["port"]
+    (rule,) = config["rules"]
+    hpa = yaml.safe_load((K8S / "base" / "hpa.yaml").read_text())
+    wanted = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"}
+    assert {rule["name"]["as"]} == wanted
+    assert rule["seriesQuery"].startswith(rule["name"]["as"] + "{")
+    assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    from facefuse.serving.metrics import Metrics
+
+    exported = Metrics().render()[0].decode()
+    assert re.search(rf"^# TYPE {rule['name']['as']} gauge$", exported, re.M)

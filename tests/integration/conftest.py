@@ -1,5 +1,9 @@
 """Real servers on loopback for integration tests.
 
+``client`` is a module's ``server`` (each server test module starts its own, with
+the settings it tests) seen through an HTTP client holding the user API key;
+``photos`` are the sample photos' encoded bytes.
+
 ``redis_server`` starts the Debian ``redis-server`` binary (installed by
 ``scripts/install-system-deps.sh``, which ``make test`` runs) on a free loopback
 port, with persistence off and its files in a temporary directory, and yields a
@@ -20,7 +24,20 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from server_harness import USER_TOKEN, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    with server.client(USER_TOKEN) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def photos(sample_paths: dict[str, Path]) -> dict[str, bytes]:
+    return {name: path.read_bytes() for name, path in sample_paths.items()}
 
 
 def free_port() -> int:

@@ -128,6 +128,18 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
+def graceful(server: ServerProcess) -> Iterator[ServerProcess]:
+    """Start ``server``; on leaving, stop it and check that it shut down gracefully
+    (its log tail in the failure message otherwise)."""
+    server.start()
+    try:
+        yield server
+    finally:
+        code = server.stop()
+        assert code in GRACEFUL_EXIT, server.log_tail()
+
+
+@contextlib.contextmanager
 def running(server: ServerProcess) -> Iterator[ServerProcess]:
     server.start()
     try:

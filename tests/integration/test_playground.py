@@ -1,10 +1,14 @@
 """The web playground in a real headless Chromium (Debian ``chromium`` driven by
 selenium through Debian's ``chromium-driver``) against a real server with API keys on.
 
-Uploads the sample photos, types the key, picks a face with the keyboard, moves the
-degree slider, fuses, and checks the result's pixels differ from the target inside
-the chosen face only. Screenshots go to the test's tmp dir; with
-``FACEFUSE_DOCS_SCREENSHOT=1`` one is also written to docs/playground.jpg.
+First load: no image element renders broken (no alt text where a picture should be),
+no live-looking Download, the favicon resolves. Then: uploads the sample photos, types
+the key, picks a face (numbered from 0, as the API counts) with the keyboard, moves the
+degree slider, fuses, and checks the result's pixels differ from the target inside the
+chosen face only; the before/after divider shows the target on one side and the result
+on the other; 1:1 zoom shows the image at its own pixels, scrolled to the face.
+Screenshots go to the test's tmp dir; with ``FACEFUSE_DOCS_SCREENSHOT=1`` one is also
+written to docs/playground.jpg.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from server_harness import GRACEFUL_EXIT, USER_TOKEN, ServerProcess
+from server_harness import USER_TOKEN, ServerProcess, graceful
 
 from facefuse.config import Settings
 from facefuse.imaging.decode import decode_image
@@ -41,9 +45,8 @@ def server(settings: Settings, model_dir: Path,
         "FACEFUSE_API_KEYS": f"tests:{USER_TOKEN}",
         "FACEFUSE_TEMPLATES_DIR": str(tmp_path_factory.mktemp("templates")),
     }, name="playground")
-    proc.start()
-    yield proc
-    assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
+    with graceful(proc):
+        yield proc
 
 
 @pytest.fixture
@@ -77,6 +80,19 @@ def wait_for(check: Callable[[], Any], timeout: float = 120.0, what: str = "") -
         time.sleep(0.1)
 
 
+#: Images that take up room on the page but have no picture to show (what a browser
+#: draws as a broken-image icon with the alt text).
+BROKEN_IMAGES = """
+return [...document.images]
+  .filter(i => i.getClientRects().length > 0 && (!i.complete || i.naturalWidth === 0))
+  .map(i => i.id || i.alt);
+"""
+
+FETCH_STATUS = """
+const done = arguments[arguments.length - 1];
+fetch(arguments[0]).then(r => done([r.status, r.headers.get("content-type")]));
+"""
+
 FETCH_BLOB = """
 const done = arguments[arguments.length - 1];
 fetch(arguments[0]).then(r => r.blob()).then(b => {
@@ -85,6 +101,31 @@ fetch(arguments[0]).then(r => r.blob()).then(b => {
   reader.readAsDataURL(b);
 });
 """
+
+
+def png_pixels(png: bytes) -> np.ndarray:
+    return decode_image(png)[:, :, :3].astype(np.int16)
+
+
+def test_first_load_shows_nothing_broken(browser: Any, server: ServerProcess,
+                                         tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(server.url + "/")
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete",
+             30, "the page")
+    shot = tmp_path / "first-load.png"
+    browser.save_screenshot(str(shot))
+    assert browser.execute_script(BROKEN_IMAGES) == []
+    for hidden in ("source-preview", "stage", "outcome", "download", "result", "before"):
+        assert not browser.find_element(By.ID, hidden).is_displayed(), hidden
+    assert browser.find_element(By.ID, "status").is_displayed()
+    # what the screenshot shows: white panels and text, no image-sized grey placeholder
+    pixels = png_pixels(shot.read_bytes())
+    assert pixels.shape[0] > 500 and pixels.std() > 5
+    icon = browser.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
+    status, ctype = browser.execute_async_script(FETCH_STATUS, icon)
+    assert status == 200 and ctype.startswith("image/svg+xml")
 
 
 def test_playground_fuses_the_chosen_face_only(
@@ -113,6 +154,11 @@ def test_playground_fuses_the_chosen_face_only(
     wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".face")) == len(boxes), 120,
              "face buttons")
 
+    # faces numbered from 0, largest first: the API's target_face_index
+    tags = [b.text for b in browser.find_elements(By.CSS_SELECTOR, ".face span")]
+    assert tags == [str(i) for i in range(len(boxes))]
+    assert browser.find_element(By.ID, "face-0").get_attribute("aria-label").endswith(
+        "face 0 (largest)")
     # keyboard: choose the face with Enter, move the slider with the arrow keys
     button = browser.find_element(By.ID, f"face-{chosen}")
     button.send_keys(Keys.ENTER)
@@ -147,11 +193,55 @@ def test_playground_fuses_the_chosen_face_only(
             assert not changed[int(b0):int(b1), int(a0):int(a1)].any()
 
     facts = browser.find_element(By.ID, "facts").text
-    assert "identity similarity" in facts and "compositeSynthetic" in facts
-    assert "timings (ms)" in facts and "fuse" in facts
+    assert "compositeSynthetic" in facts and "fuse (ms)" in facts and "detect (ms)" in facts
+    assert f"face\n{chosen}" in facts
+    similarity = float(browser.find_element(By.ID, "similarity").text)
+    assert 0.3 < similarity <= 1.0
+    assert "ms on the server" in browser.find_element(By.ID, "total").text
     link = browser.find_element(By.ID, "download")
     assert link.is_displayed() and link.get_attribute("download") == "facefuse.png"
+    assert browser.execute_script(BROKEN_IMAGES) == []
+
+    # before/after: the divider at the far right shows only the target, at the far left
+    # only the result; the two views differ where the chosen face is, nowhere else
+    view = browser.find_element(By.ID, "viewport")
+    compare = browser.find_element(By.ID, "compare")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'end'})", view)
+    compare.send_keys(Keys.END)
+    assert compare.get_attribute("value") == "100"
+    before_view = png_pixels(view.screenshot_as_png)
+    compare.send_keys(Keys.HOME)
+    after_view = png_pixels(view.screenshot_as_png)
+    assert before_view.shape == after_view.shape
+    assert abs(before_view.shape[0] / before_view.shape[1]
+               - group.shape[0] / group.shape[1]) < 0.01  # the whole image, not a cut
+    shown = np.any(before_view != after_view, axis=2)
+    shown[:, :6] = shown[:, -6:] = False  # the divider line (and its shadow) at either edge
+    k = shown.shape[1] / group.shape[1]
+    inside = np.zeros_like(shown)
+    inside[int((y0 - h // 2) * k):int((y1 + h // 2) * k),
+           max(0, int((x0 - w // 2) * k)):int((x1 + w // 2) * k)] = True
+    assert shown[inside].mean() > 0.02
+    assert not shown[~inside].any()
+    compare.send_keys(*([Keys.ARROW_RIGHT] * 50))  # back to the middle
     browser.save_screenshot(str(tmp_path / "playground-desktop.png"))
+
+    # 1:1 on the face: one image pixel per CSS pixel here (device pixel ratio 1), the
+    # face in view
+    zoom = browser.find_element(By.ID, "zoom")
+    zoom.send_keys(Keys.ENTER)
+    assert zoom.get_attribute("aria-pressed") == "true"
+    shown_width = browser.execute_script(
+        "return document.getElementById('result').getBoundingClientRect().width")
+    assert abs(shown_width - group.shape[1]) < 1
+    left, top, vw, vh = browser.execute_script(
+        "const v = document.getElementById('viewport');"
+        "return [v.scrollLeft, v.scrollTop, v.clientWidth, v.clientHeight];")
+    assert left <= (x0 + x1) / 2 <= left + vw and top <= (y0 + y1) / 2 <= top + vh
+    assert left > 0  # the middle face of a wide group: scrolled sideways to it
+    browser.save_screenshot(str(tmp_path / "playground-zoom.png"))
+    zoom.send_keys(Keys.ENTER)
+    assert zoom.get_attribute("aria-pressed") == "false"
     if os.environ.get("FACEFUSE_DOCS_SCREENSHOT") == "1":
         from PIL import Image
 
@@ -172,7 +262,8 @@ def test_playground_fuses_the_chosen_face_only(
 def test_static_files_are_local(server: ServerProcess) -> None:
     page = httpx.get(server.url + "/").text
     assert "http://" not in page and "https://" not in page  # nothing from a CDN
-    for asset in ("/static/app.js", "/static/app.css"):
+    for asset, size in (("/static/app.js", 500), ("/static/app.css", 500),
+                        ("/static/favicon.svg", 200)):
         r = httpx.get(server.url + asset)
-        assert r.status_code == 200 and len(r.content) > 500
+        assert r.status_code == 200 and len(r.content) > size
         assert "https://" not in r.text

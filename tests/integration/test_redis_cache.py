@@ -26,11 +26,6 @@ LOGGER = "facefuse.serving.cache.results"
 VALUE = CachedResult(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, "image/png", 0.734512)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def key(n: int) -> str:
     return sha256_hex(f"key {n}".encode())
 

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from server_harness import GRACEFUL_EXIT, ServerProcess, batch_stats
+from server_harness import ServerProcess, batch_stats, graceful
 
 from facefuse.config import Settings
 from facefuse.imaging.decode import decode_image
@@ -31,12 +31,8 @@ def client(settings: Settings, model_dir: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     # No FACEFUSE_DETECTOR: the harness drops the caller's FACEFUSE_* settings.
     proc = ServerProcess(settings.home, tmp_path_factory.mktemp("auto"), name="auto")
-    proc.start()
-    try:
-        with proc.client() as c:
-            yield c
-    finally:
-        assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
+    with graceful(proc), proc.client() as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from hypothesis.errors import Unsatisfiable
 from PIL import Image
 from schemathesis import GenerationMode
 from schemathesis import checks as st_checks
-from server_harness import GRACEFUL_EXIT, ServerProcess, metric_values
+from server_harness import ServerProcess, graceful, metric_values
 
 from facefuse.config import Settings
 
@@ -46,9 +46,8 @@ def fuzz_server(
         "FACEFUSE_MAX_BODY_BYTES": str(4 * 1024 * 1024),
         "FACEFUSE_RELOAD_POLL_S": "0",
     }, name="fuzz")
-    proc.start()
-    yield proc
-    assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
+    with graceful(proc):
+        yield proc
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from hostile_inputs import (
     truncated_jpeg_with_eoi,
     truncated_multipart,
 )
-from server_harness import GRACEFUL_EXIT, ServerProcess, metric_values
+from server_harness import ServerProcess, graceful, metric_values
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
@@ -54,14 +54,8 @@ def server(
 ) -> Iterator[ServerProcess]:
     proc = ServerProcess(settings.home, tmp_path_factory.mktemp("hostile"), HOSTILE,
                          name="hostile")
-    proc.start()
-    yield proc
-    assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
-
-
-@pytest.fixture(scope="module")
-def photos(sample_paths: dict[str, Path]) -> dict[str, bytes]:
-    return {name: path.read_bytes() for name, path in sample_paths.items()}
+    with graceful(proc):
+        yield proc
 
 
 def error_code(r: httpx.Response) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from server_harness import GRACEFUL_EXIT, ServerProcess, metric_values, photo_variants
+from server_harness import GRACEFUL_EXIT, ServerProcess, graceful, metric_values, photo_variants
 
 from facefuse.config import Settings
 
@@ -30,9 +30,8 @@ def slow(
     settings: Settings, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     proc = ServerProcess(settings.home, tmp_path_factory.mktemp("slow"), SLOW, name="slow")
-    proc.start()
-    yield proc
-    assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
+    with graceful(proc):
+        yield proc
 
 
 @pytest.fixture(scope="module")

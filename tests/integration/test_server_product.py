@@ -22,6 +22,7 @@ from server_harness import (
     USER_TOKEN,
     ServerProcess,
     batch_stats,
+    graceful,
     photo_variants,
 )
 
@@ -42,15 +43,8 @@ def server(settings: Settings, model_dir: Path,
         "FACEFUSE_TEMPLATES_DIR": str(tmp_path_factory.mktemp("templates")),
         "FACEFUSE_TEMPLATES_MAX_COUNT": "3",
     }, name="product")
-    proc.start()
-    yield proc
-    assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[httpx.Client]:
-    with server.client(USER_TOKEN) as c:
-        yield c
+    with graceful(proc):
+        yield proc
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import onnx
 import pytest
-from server_harness import GRACEFUL_EXIT, ServerProcess, photo_variants
+from server_harness import ServerProcess, graceful, photo_variants
 
 from facefuse.config import Settings
 from facefuse.runtime.manifest import MANIFEST_NAME, Manifest
@@ -48,9 +48,8 @@ def server(settings: Settings, models: Path, tmp_path: Path) -> Iterator[ServerP
         "FACEFUSE_PRECISION": "fp32",  # the variant this test republishes
         "FACEFUSE_ADMIN_OPEN": "true",  # no keys here: the reload route must be open
     }, name="reload")
-    proc.start()
-    yield proc
-    assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
+    with graceful(proc):
+        yield proc
 
 
 def publish(models: Path, name: str, data: bytes, filename: str) -> str:

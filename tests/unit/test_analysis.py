@@ -61,6 +61,19 @@ def test_attributes_are_plausible(analyser: FaceAnalyser, sample_images: dict[st
         assert f.age is not None and 20 < f.age < 90
 
 
+def test_age_and_gender_load_on_the_first_attributes_request(
+        settings: Settings, sample_images: dict[str, np.ndarray]) -> None:
+    registry = ModelRegistry(settings)
+    analyser = FaceAnalyser(settings, registry)
+    chosen = {n: registry.entry(n).spec for n in ("age", "gender")}
+    analyser.analyse(sample_images["obama"], attributes=False)
+    assert not {"age", "gender"} & set(registry.loaded())
+    face = analyser.analyse(sample_images["obama"], attributes=True)[0]
+    assert face.age is not None and face.gender == "male"
+    loaded = registry.loaded()
+    assert {n: loaded[n].spec for n in chosen} == chosen  # the variant chosen is the one run
+
+
 def test_manifest_records_file_hash_io_source_and_licence(model_dir: Path) -> None:
     manifest = Manifest.load(model_dir)
     assert {e.name for e in ZOO} <= set(manifest.models)

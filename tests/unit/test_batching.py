@@ -25,11 +25,6 @@ ITEM_SHAPE = (3, 4, 4)
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def executor() -> Iterator[ThreadPoolExecutor]:
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-batch")
     yield pool

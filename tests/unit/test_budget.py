@@ -13,11 +13,6 @@ from facefuse.serving.budget import MemoryBudget, budget_bytes
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_reservations_wait_in_arrival_order_and_time_out() -> None:
     budget = MemoryBudget(100, wait_s=30)
     await budget.acquire(80, "first")

@@ -14,18 +14,11 @@ import pytest
 
 from facefuse.serving.cache.keys import (
     analysis_key,
-    pixels_sha256,
     result_key,
     sha256_hex,
 )
 from facefuse.serving.cache.lru import ByteLRU
 from facefuse.serving.cache.results import CachedResult, InProcessResultCache, ResultCache
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 # --- ByteLRU --------------------------------------------------------------------------------
 
@@ -169,20 +162,12 @@ def test_result_key_rejects_non_digests() -> None:
         result_key(SRC, TGT, {"degree": float("nan")}, MODELS)
 
 
-def test_pixels_sha256_depends_on_pixels_shape_and_dtype() -> None:
-    a = np.zeros((4, 6, 3), np.uint8)
-    b = a.copy()
-    b[1, 2, 0] = 1
-    assert pixels_sha256(a) == pixels_sha256(a.copy())
-    assert pixels_sha256(a) != pixels_sha256(b)
-    assert pixels_sha256(a) != pixels_sha256(a.reshape(6, 4, 3))
-    assert pixels_sha256(a) != pixels_sha256(a.astype(np.uint16))
-    # A non-contiguous view hashes like its contiguous copy.
-    assert pixels_sha256(b[:, ::2]) == pixels_sha256(np.ascontiguousarray(b[:, ::2]))
-    assert analysis_key(pixels_sha256(a), MODELS) != analysis_key(pixels_sha256(b), MODELS)
-    assert analysis_key(pixels_sha256(a), MODELS) != analysis_key(
-        pixels_sha256(a), MODELS, {"detector": "short"}
-    )
+def test_analysis_key_depends_on_the_bytes_models_and_options() -> None:
+    a, b = sha256_hex(b"\xff\xd8 one image"), sha256_hex(b"\xff\xd8 one imagf")
+    assert analysis_key(a, MODELS) == analysis_key(a, dict(MODELS))
+    assert analysis_key(a, MODELS) != analysis_key(b, MODELS)
+    assert analysis_key(a, MODELS) != analysis_key(a, MODELS, {"detector": "short"})
+    assert analysis_key(a, MODELS) != analysis_key(a, {**MODELS, "recognizer": "1.1"})
 
 
 # --- pHash on real photos ----------------------------------------------------------------------

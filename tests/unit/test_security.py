@@ -20,11 +20,6 @@ USER2 = secrets.token_hex(16)
 ADMIN = "A" * 8 + secrets.token_urlsafe(16)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- API keys ----------------------------------------------------------------------------
 
 

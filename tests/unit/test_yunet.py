@@ -14,7 +14,7 @@ from yunet_ref import LibFaceDetection
 from facefuse.config import Settings
 from facefuse.errors import BuildError, InvalidArgumentError
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.faces.detector import Letterbox
+from facefuse.faces.detector_base import Letterbox
 from facefuse.faces.yunet import YuNetDetector, decode_yunet, greedy_nms
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry

@@ -11,10 +11,10 @@ import numpy as np
 
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.runtime.manifest import ModelSpec
-from facefuse.runtime.registry import LoadedModel
+from facefuse.runtime.registry import ModelEntry
 
 
-def attribute_chip(image: np.ndarray, landmarks: np.ndarray, model: LoadedModel) -> np.ndarray:
+def attribute_chip(image: np.ndarray, landmarks: np.ndarray, model: ModelEntry) -> np.ndarray:
     """The model input of one face: (3, S, S) float32 normalised chip (S from the spec)."""
     pre = model.spec.preprocessing
     size = pre.size[0]

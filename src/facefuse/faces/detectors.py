@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Literal
 
 from facefuse.config import Settings
-from facefuse.faces.detector import BatchedDetector, FaceDetector
+from facefuse.faces.blazeface import BlazeFaceDetector
+from facefuse.faces.detector_base import BatchedDetector
 from facefuse.faces.rotation import RETRY_TURNS
 from facefuse.faces.yunet import YuNetDetector
 from facefuse.runtime.registry import ModelRegistry
@@ -69,7 +70,7 @@ def make_detector(settings: Settings, registry: ModelRegistry, name: str) -> Det
             model, score_threshold=settings.det_yunet_score_threshold,
             tile_above=max(settings.det_tile_above, 640),
         )
-    return FaceDetector(
+    return BlazeFaceDetector(
         model,
         score_threshold=settings.det_score_threshold,
         nms_iou=settings.det_nms_iou,

@@ -100,28 +100,33 @@ def warp_roi(image: np.ndarray, M: np.ndarray, size: int) -> np.ndarray:
 
     Bilinear, edge pixels replicated outside the image. When the ROI is more
     than :data:`ANTIALIAS_ABOVE`× larger than the tensor, its bounding region
-    is first shrunk with area averaging.
+    is first shrunk with area averaging by the integer factor ``k = floor(f)``
+    of the ROI's ``f`` image pixels per tensor pixel (OpenCV's exact k×k block
+    path, ~10× faster than a fractional area resize), and the bilinear warp does
+    the remaining ``f / k`` < 1.5.
     """
     h, w = image.shape[:2]
     src = image
     M = np.asarray(M, np.float64)
     factor = 1.0 / affine_scale(M)  # image pixels per tensor pixel
     if factor > ANTIALIAS_ABOVE:
+        k = int(factor)
         corners = apply_affine(invert_affine(M), np.array([[0, 0], [size, 0], [size, size],
                                                            [0, size]], np.float64))
-        x0 = max(0, math.floor(corners[:, 0].min()) - 2)
-        y0 = max(0, math.floor(corners[:, 1].min()) - 2)
-        x1 = min(w, math.ceil(corners[:, 0].max()) + 2)
-        y1 = min(h, math.ceil(corners[:, 1].max()) + 2)
-        if x1 - x0 >= 2 and y1 - y0 >= 2:
-            crop = image[y0:y1, x0:x1]
-            nw = max(2, round((x1 - x0) / factor))
-            nh = max(2, round((y1 - y0) / factor))
-            src = cv2.resize(crop, (nw, nh), interpolation=cv2.INTER_AREA)
-            # small = (p - (x0, y0)) * (nw / cw, nh / ch)  →  p = small / scale + origin
-            to_small = np.array([[nw / (x1 - x0), 0.0, -x0 * nw / (x1 - x0)],
-                                 [0.0, nh / (y1 - y0), -y0 * nh / (y1 - y0)]])
-            M = M @ np.vstack([invert_affine(to_small), [0.0, 0.0, 1.0]])
+        # A margin of k + 2 pixels, and whole k×k blocks only: the < k pixels left
+        # over at the right/bottom lie outside the ROI (or, at the image's own edge,
+        # where the warp replicates the border anyway).
+        x0 = max(0, math.floor(corners[:, 0].min()) - k - 2)
+        y0 = max(0, math.floor(corners[:, 1].min()) - k - 2)
+        x1 = min(w, math.ceil(corners[:, 0].max()) + k + 2)
+        y1 = min(h, math.ceil(corners[:, 1].max()) + k + 2)
+        cw, ch = (x1 - x0) // k * k, (y1 - y0) // k * k
+        if cw >= 2 * k and ch >= 2 * k:
+            src = cv2.resize(image[y0:y0 + ch, x0:x0 + cw], (cw // k, ch // k),
+                             interpolation=cv2.INTER_AREA)
+            # small = (p - (x0, y0)) / k  →  p = k · small + origin
+            to_image = np.array([[k, 0.0, x0], [0.0, k, y0]], np.float64)
+            M = M @ np.vstack([to_image, [0.0, 0.0, 1.0]])
     # cv2 uses pixel-centre (index) coordinates: p_i = p_c - 0.5 on both sides.
     Mi = M.copy()
     Mi[:, 2] += M[:, :2] @ np.array([0.5, 0.5]) - 0.5

@@ -42,7 +42,7 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.faces.attributes import attribute_chip, read_age, read_gender
-from facefuse.faces.detector import Letterbox
+from facefuse.faces.detector_base import Letterbox
 from facefuse.faces.detectors import (
     PURPOSES,
     Detector,
@@ -62,7 +62,7 @@ from facefuse.faces.rotation import (
     unrotate_detection,
 )
 from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
-from facefuse.runtime.registry import LoadedModel, ModelRegistry
+from facefuse.runtime.registry import ModelEntry, ModelRegistry
 
 T = TypeVar("T")
 
@@ -144,7 +144,7 @@ def registry_runner(registry: ModelRegistry) -> ModelRunner:
 # --- the models the stages run over ------------------------------------------------------
 
 
-def registry_name(model: LoadedModel) -> str:
+def registry_name(model: ModelEntry) -> str:
     """The name a model is asked for in the registry: a precision variant
     (``dlib_resnet.int8``) answers for its base (``dlib_resnet``)."""
     return model.spec.base or model.spec.name
@@ -163,17 +163,22 @@ class FaceModels:
     detectors: Mapping[Purpose, Detector]
     mesh: FaceMesh
     recognizer: Recognizer
-    age: LoadedModel | None = None
-    gender: LoadedModel | None = None
+    #: Age and gender: loaded on their first run (only attribute requests run them).
+    age: ModelEntry | None = None
+    gender: ModelEntry | None = None
     #: Quarter turns of the image the detect stage tries, in order, until one has faces.
     turns: tuple[int, ...] = (0,)
 
     @classmethod
     def from_registry(cls, settings: Settings, registry: ModelRegistry) -> FaceModels:
         """The models ``settings`` choose, loaded (and verified) through ``registry``.
-        Every detector in use is loaded now: YuNet beside BlazeFace adds 8–13 MB of RSS
-        (``bench/detector_policy.py``), less than a lazy load would cost the first
-        request that needs it (session build, first-shape runs outside the warm-up)."""
+        Every detector in use is loaded now: YuNet's session adds 0.1 MB of RSS when
+        loaded after the others (13 MB in a fresh process, BENCHMARKS.md
+        "detector_policy"), and its activations come with its first every-face request
+        whether it is loaded early or late: a lazy load would save little and cost that
+        request the session build. Age and gender
+        are only chosen here (:meth:`ModelRegistry.entry`): ~16 MB of RSS that a server
+        not asked for attributes never loads."""
         iris = registry.get("iris") if registry.has("iris") else None
         built = {name: make_detector(settings, registry, name)
                  for name in detectors_in_use(settings)}
@@ -181,8 +186,8 @@ class FaceModels:
             detectors={p: built[detector_for(settings, p)] for p in PURPOSES},
             mesh=FaceMesh(registry.get("facemesh"), iris),
             recognizer=Recognizer(registry.get("dlib_resnet")),
-            age=registry.get("age") if registry.has("age") else None,
-            gender=registry.get("gender") if registry.has("gender") else None,
+            age=registry.entry("age") if registry.has("age") else None,
+            gender=registry.entry("gender") if registry.has("gender") else None,
             turns=turns_to_try(settings),
         )
 

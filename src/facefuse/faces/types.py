@@ -47,7 +47,8 @@ class Face:
     Attributes:
         bbox: (4,) float32 ``x0, y0, x1, y1`` pixels (detector box).
         score: detector confidence in [0, 1].
-        keypoints: (6, 2) float32 detector keypoints in pixels (see :class:`Detection`).
+        keypoints: (K, 2) float32 detector keypoints in pixels: BlazeFace's 6 (see
+            :class:`Detection`) or YuNet's 5 (see :mod:`facefuse.faces.yunet`).
         landmarks: (478, 3) float32 refined mesh (468 face + 10 iris) in pixels;
             z is relative depth in the same pixel scale (smaller = closer).
         landmarks5: (5, 2) float32 — the :data:`MESH_FIVE_POINTS` of the mesh.

@@ -1,12 +1,12 @@
 """YuNet face detection (libfacedetection 2023) on ONNX Runtime.
 
-Same shape as the BlazeFace :class:`~facefuse.faces.detector.FaceDetector`,
+Same shape as the BlazeFace :class:`~facefuse.faces.blazeface.BlazeFaceDetector`,
 so the server's micro-batcher drives both alike:
 
 1. :meth:`YuNetDetector.preprocess` letterboxes the image (no distortion,
    black padding) into a ``size``×``size`` RGB tensor of raw 0..255 values;
    images whose long side exceeds ``tile_above`` are also cut into overlapping
-   tiles (:func:`~facefuse.faces.detector.tile_grid`).
+   tiles (:func:`~facefuse.faces.detector_base.tile_grid`).
 2. The model (built by :mod:`facefuse.toolchain.build.yunet`) returns, per
    anchor of strides 8, 16 and 32, 14 raw regressions and the score
    ``sqrt(sigmoid(cls) * sigmoid(obj))``.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from facefuse.errors import InvalidArgumentError
-from facefuse.faces.detector import (
+from facefuse.faces.detector_base import (
     BatchedDetector,
     Candidates,
     Letterbox,

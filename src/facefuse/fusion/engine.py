@@ -1,5 +1,5 @@
-"""The library's fusion driver: decode, analyse, select, render, blend, paste back,
-evaluate.
+"""The library's fusion driver: decode, then run the fusion plan on this process's
+sessions (analyse, select, render, blend, paste back, evaluate).
 
 ``FaceFuser.fuse(source, target, degree=...)`` returns a :class:`FusionResult`
 whose image is the target with the source identity fused into the selected
@@ -9,7 +9,7 @@ face(s). Only each face's bounding region is ever rewritten.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,9 +18,8 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.types import Face
-from facefuse.fusion.mapping import FacePair, MappedFace, detect_purposes, parse_mapping, resolve
-from facefuse.fusion.quality import compare_faces, seam_scores
-from facefuse.fusion.select import IdentityNeeds, select
+from facefuse.fusion.mapping import FacePair, MappedFace, parse_mapping
+from facefuse.fusion.plan import Analyse, FuseRequest, Planned, Render, fuse_plan, quality
 from facefuse.fusion.swappers.base import FaceLayer, Swapper
 from facefuse.fusion.swappers.classic import ClassicSwapper
 from facefuse.fusion.swappers.contract import SWAP_TASK
@@ -85,7 +84,7 @@ class FaceFuser:
         options: FuseOptions | None = None,
         *,
         reference: ImageInput | None = None,
-        mapping: Sequence[FacePair | dict[str, Any]] | None = None,
+        mapping: Sequence[FacePair | Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> FusionResult:
         """Fuse the source identity into ``target``.
@@ -95,7 +94,7 @@ class FaceFuser:
                 (H, W, 3), a path or encoded bytes).
             target: the image to change.
             options: a :class:`FuseOptions`, or pass its fields as keywords
-                (``degree=60``, ``mode="many"``, ...).
+                (``degree=60``, ``mode="many"``, ...), not both.
                 In ``many`` mode and with a mapping, faces that cannot be fused are
                 skipped and listed in ``result.skipped``; the call fails only when
                 none can be fused.
@@ -103,45 +102,64 @@ class FaceFuser:
             mapping: which source face replaces which target face (see
                 :mod:`facefuse.fusion.mapping`); overrides ``mode``. Sources are then
                 images of different people, indexed in the order given.
+
+        The decisions (what to analyse, which faces, what to score) are
+        :func:`facefuse.fusion.plan.fuse_plan`'s, the same the server runs.
         """
+        if options is not None and kwargs:
+            raise InvalidArgumentError(
+                f"give the options either as FuseOptions or as keywords, not both "
+                f"(got options= and {', '.join(sorted(kwargs))})", code="options_conflict")
         options = options or FuseOptions(**kwargs)
-        pairs = parse_mapping(mapping) if mapping is not None else None
-        timer = StageTimer()
         sources: list[ImageInput] = (
             list(source) if isinstance(source, list | tuple) else [source]  # type: ignore[list-item]
         )
         if not sources:
             raise InvalidArgumentError("no source image given", code="source_missing")
+        req = FuseRequest(options, len(sources),
+                          parse_mapping(mapping) if mapping is not None else None,
+                          reference=reference is not None)
+        timer = StageTimer()
         t = time.perf_counter()
-        src_decoded = [self.analyser.decode(s) for s in sources]
-        tgt_rgb = self.analyser.decode(target)
-        t = timer.add("decode", t)
-        needs = IdentityNeeds.of(options)
-        if pairs is not None:
-            needs = IdentityNeeds(source=needs.source, target=options.evaluate)
-        purposes = detect_purposes(options, pairs)
-        src_faces = [self.analyser.analyse(rgb, embed=needs.source, purpose=purposes.source)
-                     for rgb in src_decoded]
-        t = timer.add("analyse_source", t)
-        tgt_faces = self.analyser.analyse(tgt_rgb, embed=needs.target, purpose=purposes.target)
-        ref_faces = None
-        if reference is not None and options.mode == "reference" and pairs is None:
-            ref_faces = self.analyser.analyse(reference, purpose=purposes.reference)
-        t = timer.add("analyse_target", t)
-        if pairs is not None:
-            mapped, skipped = resolve(pairs, src_faces, tgt_faces, options.min_face_size)
-            result = self.fuse_mapped(src_decoded, mapped, tgt_rgb, tgt_faces, options)
-            result.timings_ms = {**timer.ms, **result.timings_ms}
-            result.skipped = skipped
-            return result
-        chosen = select(src_faces, tgt_faces, options, ref_faces)
-        src_rgb = src_decoded[chosen.source_index]
-        result = self.fuse_faces(src_rgb, chosen.source_face, tgt_rgb, tgt_faces,
-                                 list(chosen.targets), options)
-        result.timings_ms = {**timer.ms, **result.timings_ms}
-        result.notes = list(chosen.notes) + result.notes
-        result.skipped = list(chosen.skipped)
-        return result
+        images = [self.analyser.decode(s) for s in [*sources, target]]
+        if req.uses_reference:
+            assert reference is not None
+            images.append(self.analyser.decode(reference))
+        timer.add("decode", t)
+        return self.run_plan(req, images, timer).result
+
+    def run_plan(self, req: FuseRequest, images: Sequence[np.ndarray],
+                 timer: StageTimer | None = None) -> Planned:
+        """Drive :func:`~facefuse.fusion.plan.fuse_plan` over decoded ``images``
+        (sources, target[, reference]) on this process's sessions, one step after
+        another; ``timer`` (the decode time, say) is merged into the timings."""
+        timer = timer or StageTimer()
+        scoring = StageTimer()
+        plan = fuse_plan(req, self.analyser.models, images)
+        answer: Any = None
+        while True:
+            try:
+                step = plan.send(answer)
+            except StopIteration as stop:
+                planned: Planned = stop.value
+                break
+            t = time.perf_counter()
+            if isinstance(step, Analyse):
+                answer = []
+                for job in step.jobs:
+                    answer.append(self.analyser.analyse(images[job.image], embed=job.embed,
+                                                        purpose=job.purpose))
+                    t = timer.add("analyse_source" if job.role == "source" else "analyse_target",
+                                  t)
+            elif isinstance(step, Render):
+                answer = self.fuse_mapped(step.sources_rgb, step.pairs, step.target_rgb,
+                                          step.target_faces, step.options)
+            else:
+                answer = self.analyser.run(step.stage)
+                scoring.add("evaluate", t)
+        result = planned.result
+        result.timings_ms = {**timer.ms, **result.timings_ms, **scoring.ms}
+        return planned
 
     def fuse_faces(
         self,
@@ -200,9 +218,7 @@ class FaceFuser:
 
     def evaluate(self, output: np.ndarray, target: np.ndarray, source_face: Face,
                  fused: FusedFace) -> dict[str, float]:
-        """Quality figures of one fused face, re-analysed on the output at the same place."""
-        tf = fused.target_face
-        out_face = self.analyser.reanalyse(output, tf)
-        q = compare_faces(out_face, source_face, tf)
-        q.update(seam_scores(output, target, fused.mask, fused.region))
-        return q
+        """Quality figures of one fused face, re-analysed on the output at the same place
+        (:func:`facefuse.fusion.plan.quality`)."""
+        return self.analyser.run(quality(self.analyser.models, output, target, source_face,
+                                         fused))

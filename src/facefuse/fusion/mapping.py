@@ -177,6 +177,31 @@ def face_in_rect(faces: Sequence[Face], rect: Rect) -> int:
                        code="mapping_rect_no_face")
 
 
+def _source_faces(n: int, p: FacePair, sources: Sequence[Sequence[Face]]) -> Sequence[Face]:
+    """The faces of pair ``n``'s source image, checked to hold its source face."""
+    if p.source >= len(sources):
+        raise MappingError(f"mapping[{n}]: source image {p.source} out of range "
+                           f"({len(sources)} source image(s))",
+                           code="mapping_source_out_of_range")
+    faces = sources[p.source]
+    if p.source_face >= len(faces):
+        raise MappingError(f"mapping[{n}]: source image {p.source} has {len(faces)} "
+                           f"face(s), no face {p.source_face}",
+                           code="mapping_source_out_of_range")
+    return faces
+
+
+def _target_index(n: int, p: FacePair, targets: Sequence[Face]) -> int:
+    """The target face pair ``n`` names, by index or rectangle."""
+    if p.rect is not None:
+        return face_in_rect(targets, p.rect)
+    assert p.target is not None
+    if p.target >= len(targets):
+        raise MappingError(f"mapping[{n}]: target face {p.target} out of range (the target "
+                           f"has {len(targets)} face(s))", code="mapping_target_out_of_range")
+    return p.target
+
+
 def resolve(
     pairs: Sequence[FacePair],
     sources: Sequence[Sequence[Face]],
@@ -207,24 +232,8 @@ def resolve(
     first: FaceError | None = None
     seen: dict[int, int] = {}
     for n, p in enumerate(pairs):
-        if p.source >= len(sources):
-            raise MappingError(f"mapping[{n}]: source image {p.source} out of range "
-                               f"({len(sources)} source image(s))",
-                               code="mapping_source_out_of_range")
-        faces = sources[p.source]
-        if p.source_face >= len(faces):
-            raise MappingError(f"mapping[{n}]: source image {p.source} has {len(faces)} "
-                               f"face(s), no face {p.source_face}",
-                               code="mapping_source_out_of_range")
-        if p.rect is not None:
-            t = face_in_rect(targets, p.rect)
-        else:
-            assert p.target is not None
-            t = p.target
-            if t >= len(targets):
-                raise MappingError(f"mapping[{n}]: target face {t} out of range (the target "
-                                   f"has {len(targets)} face(s))",
-                                   code="mapping_target_out_of_range")
+        faces = _source_faces(n, p, sources)
+        t = _target_index(n, p, targets)
         if t in seen:
             raise MappingError(f"mapping[{n}] and mapping[{seen[t]}] both replace target "
                                f"face {t}", code="mapping_duplicate_target")

@@ -155,6 +155,17 @@ def eyes_mask(landmarks: np.ndarray, region: Region, feather: float | None = Non
                          -0.1 * f, max(0.6, f / 6.0), int(np.ceil(2 * f)) + 2)
 
 
+def features_mask(landmarks: np.ndarray, region: Region,
+                  feather: float | None = None) -> np.ndarray:
+    """Soft mask (H, W) float32 of the eyes, the brows and the lips, each grown by a
+    quarter feather width: where the face's own features, not its skin, are."""
+    f = feather if feather is not None else feather_px(landmarks)
+    return _feature_mask(landmarks, (topo.EYE_IMAGE_LEFT, topo.EYE_IMAGE_RIGHT,
+                                     topo.BROW_IMAGE_LEFT, topo.BROW_IMAGE_RIGHT,
+                                     topo.LIPS_OUTER), region, -0.25 * f, max(0.6, f / 6.0),
+                         int(np.ceil(2 * f)) + 2)
+
+
 def boundary_band(mask: np.ndarray, low: float = 0.05, high: float = 0.95) -> np.ndarray:
     """Boolean (H, W) band where the mask is neither off nor fully on: the seam."""
     return (mask > low) & (mask < high)

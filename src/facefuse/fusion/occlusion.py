@@ -32,10 +32,11 @@ How a face's occluders are found (all from the mesh and the pixels, no model):
    Specks (pores, highlights) are removed by a morphological opening, and
    islands smaller than :data:`MIN_OCCLUDER_AREA` of the face are dropped.
 
-Facial hair follows from this rule: a beard or moustache is not skin, so a
-source's beard is rejected (a bearded source onto a clean-shaven target gives
-the target's clean skin) and a target's beard is kept (it stays on top of the
-fused face). Facial hair is always the target's.
+A dense dark beard is caught by this rule, but stubble, a thin moustache and
+thin glasses frames are not (they differ little from skin pixel by pixel, or
+break into islands below :data:`MIN_OCCLUDER_AREA`): they are found as regions
+by :mod:`facefuse.fusion.regions`, whose :func:`~facefuse.fusion.regions.face_occluders`
+is this mask together with them (:func:`on_face_crop` runs both on one crop).
 
 Images are (H, W, 3) RGB uint8 or float 0..255; landmarks (N, 3) pixels in the
 same frame; masks (H, W) float32 in [0, 1].
@@ -43,6 +44,7 @@ same frame; masks (H, W) float32 in [0, 1].
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import cv2
@@ -198,13 +200,13 @@ def _poly(canvas: np.ndarray, points: np.ndarray) -> None:
                  shift=2)
 
 
-def _disc(r: float) -> np.ndarray:
+def disc(r: float) -> np.ndarray:
     k = max(1, round(r))
     k_: np.ndarray = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * k + 1, 2 * k + 1))
     return k_
 
 
-def _grow(mask: np.ndarray, r: float) -> np.ndarray:
+def grow(mask: np.ndarray, r: float) -> np.ndarray:
     """Binary (H, W) mask (nonzero = on) grown by a disc of ``r`` pixels, as bool:
     through the distance transform, linear in the pixel count whatever ``r``."""
     dist = cv2.distanceTransform((mask == 0).astype(np.uint8), cv2.DIST_L2, 3)
@@ -213,7 +215,7 @@ def _grow(mask: np.ndarray, r: float) -> np.ndarray:
 
 
 def _grow_near(mask: np.ndarray, r: float) -> tuple[tuple[slice, slice], np.ndarray]:
-    """:func:`_grow` of a small uint8 ``mask`` computed only on the box that can
+    """:func:`grow` of a small uint8 ``mask`` computed only on the box that can
     change: its nonzero pixels' bounding box grown by a bit more than ``r`` (the
     3×3 distance's axial step is 0.955 px), clipped to the image. Returns the box
     as slices and the grown mask (bool) over it; outside the box it is False."""
@@ -221,7 +223,7 @@ def _grow_near(mask: np.ndarray, r: float) -> tuple[tuple[slice, slice], np.ndar
     m = int(np.ceil(1.1 * r)) + 2
     box = (slice(max(0, y - m), min(mask.shape[0], y + h + m)),
            slice(max(0, x - m), min(mask.shape[1], x + w + m)))
-    return box, _grow(mask[box], r)
+    return box, grow(mask[box], r)
 
 
 def _shrink(mask: np.ndarray, r: float) -> np.ndarray:
@@ -237,13 +239,13 @@ def feature_masks(landmarks: np.ndarray, shape: tuple[int, int]) -> list[np.ndar
     d = eye_distance(landmarks)
     lm = landmarks[:, :2].astype(np.float64)
     out = []
-    for idx, grow in ((topo.EYE_IMAGE_LEFT, 0.06), (topo.EYE_IMAGE_RIGHT, 0.06),
+    for idx, reach in ((topo.EYE_IMAGE_LEFT, 0.06), (topo.EYE_IMAGE_RIGHT, 0.06),
                       (_BROW_LEFT, 0.04), (_BROW_RIGHT, 0.04), (topo.LIPS_OUTER, 0.04)):
         m = np.zeros(shape, np.uint8)
         pts = np.round(lm[list(idx)] * 4).astype(np.int32)
         # The polygon grown by a disc: filled, plus its outline drawn that thick.
         cv2.fillPoly(m, [pts], 255, shift=2)
-        cv2.polylines(m, [pts], True, 255, thickness=max(1, round(2 * grow * d)), shift=2)
+        cv2.polylines(m, [pts], True, 255, thickness=max(1, round(2 * reach * d)), shift=2)
         out.append(m)
     m = np.zeros(shape, np.uint8)
     for a, b in _NOSTRIL_PAIRS:
@@ -271,6 +273,15 @@ def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *,
     result is upsampled, so its edges are soft) — for masks that are feathered
     anyway. Only the face outline's bounding box is examined.
     """
+    return on_face_crop(image, landmarks, occluders_on_crop, scale=scale)
+
+
+def on_face_crop(image: np.ndarray, landmarks: np.ndarray,
+                 fn: Callable[[np.ndarray, np.ndarray], np.ndarray], *,
+                 scale: float = 1.0) -> np.ndarray:
+    """``fn(crop, local_landmarks) -> (h, w) float32 mask`` evaluated on the face
+    outline's bounding box of ``image`` (resized by ``scale`` < 1 and the result
+    upsampled), pasted into an (H, W) float32 mask that is 0 elsewhere."""
     h, w = image.shape[:2]
     lm = np.asarray(landmarks, np.float64)
     oval = lm[list(topo.FACE_OVAL), :2]
@@ -290,14 +301,14 @@ def occluder_mask(image: np.ndarray, landmarks: np.ndarray, *,
         crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
         local[:, :2] *= (size[0] / (x1 - x0), size[1] / (y1 - y0))
         local[:, 2] *= scale
-    m = _occluders(np.ascontiguousarray(crop), local)
+    m = fn(np.ascontiguousarray(crop), local)
     if scale < 1.0:
         m = cv2.resize(m, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
     out[y0:y1, x0:x1] = m
     return out
 
 
-def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     """:func:`occluder_mask` on an image cropped to the face."""
     h, w = image.shape[:2]
     face = np.zeros((h, w), np.uint8)
@@ -312,14 +323,14 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     feat = any_feat > 127
     occ[feat] = 0.0
     binary: np.ndarray = cv2.morphologyEx((occ > 0.5).astype(np.uint8), cv2.MORPH_OPEN,
-                                          _disc(0.03 * d))
+                                          disc(0.03 * d))
     area = max(1, int(face.sum() // 255))
-    _drop_islands(binary, EARLY_ISLAND_AREA * area)
+    drop_islands(binary, EARLY_ISLAND_AREA * area)
     if not binary.any():  # the common case: nothing covers the face
         return np.zeros((h, w), np.float32)
     # An occluder crossing a feature (a bar over the lips) covers it where it
     # continues on both sides: close the mask, but only inside the features.
-    closed = _shrink(_grow(binary, 0.1 * d), 0.1 * d)
+    closed = _shrink(grow(binary, 0.1 * d), 0.1 * d)
     binary[feat] = closed[feat]
     # A feature whose ring is mostly covered is covered too (sunglasses, a hand).
     for m in feats[:2] + feats[4:]:
@@ -342,15 +353,15 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
         box, grown = _grow_near(m, 0.1 * d)
         ring = grown & (m[box] <= 127) & (face[box] > 127)
         if ring.any() and binary[box][ring].mean() > BROW_RING_OCCLUDED:
-            reach = _grow(binary, BROW_REACH * d) if reach is None else reach
+            reach = grow(binary, BROW_REACH * d) if reach is None else reach
             binary[fm] = reach[fm]
     # Small islands are shading, stubble or a highlight, not something in front.
-    _drop_islands(binary, MIN_OCCLUDER_AREA * area)
+    drop_islands(binary, MIN_OCCLUDER_AREA * area)
     out: np.ndarray = binary.astype(np.float32)
     return out
 
 
-def _drop_islands(binary: np.ndarray, min_area: float) -> None:
+def drop_islands(binary: np.ndarray, min_area: float) -> None:
     """Clear (in place) the 8-connected islands of ``binary`` (uint8) smaller than
     ``min_area`` pixels."""
     n, labels, stats, _ = cv2.connectedComponentsWithStats(binary, connectivity=8)
@@ -365,7 +376,7 @@ def soften(mask: np.ndarray, grow_px: float, sigma: float) -> np.ndarray:
     ``sigma`` (so the occluder's own anti-aliased edge is covered too)."""
     m: np.ndarray = mask.astype(np.float32)
     if grow_px >= 0.5:
-        m = cv2.dilate(m, _disc(grow_px))
+        m = cv2.dilate(m, disc(grow_px))
     if sigma > 0.3:
         m = cv2.GaussianBlur(m, (0, 0), sigma)
     out: np.ndarray = np.clip(m, 0.0, 1.0).astype(np.float32)

@@ -48,10 +48,12 @@ class IdentityNeeds:
     target: bool
 
     @classmethod
-    def of(cls, options: FuseOptions, *, similarity: bool = False) -> IdentityNeeds:
+    def of(cls, options: FuseOptions, *, similarity: bool = False,
+           mapping: bool = False) -> IdentityNeeds:
         """The needs of ``options``; ``similarity``: the caller scores the output
-        against the source."""
-        reference = options.mode == "reference"
+        against the source; ``mapping``: the request has one (its target faces are
+        named, not found by identity: embedded only to evaluate)."""
+        reference = options.mode == "reference" and not mapping
         return cls(
             source=options.evaluate or similarity or options.swapper != "classic",
             target=options.evaluate or reference,

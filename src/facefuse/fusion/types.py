@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import functools
+import math
+import numbers
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import numpy as np
 
@@ -17,6 +20,36 @@ TargetMode = Literal["one", "many", "reference"]
 MIN_EYE_DISTANCE_PX = 40.0
 #: The range a caller may set ``min_face_size`` in (pixels between the outer eye corners).
 MIN_FACE_SIZE_RANGE = (16.0, 1024.0)
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """How one :class:`FuseOptions` field is offered to callers: the single
+    declaration the HTTP schema (``facefuse.serving.schemas.FuseParams``), the CLI
+    flags (``facefuse fuse``) and the validation in :class:`FuseOptions` are made from.
+
+    Attributes:
+        help: one sentence for people (CLI ``--help`` and the OpenAPI description).
+        low, high: inclusive numeric bounds (None: unbounded on that side).
+        unit: what the number counts, said in the range error (``"pixels"``).
+        http: a field of the HTTP API's fusion options.
+        cli: the ``facefuse fuse`` flag (a ``--no-…`` flag switches a default-on
+            option off); None: not on the command line.
+        metavar: the CLI's name for the value.
+    """
+
+    help: str
+    low: float | None = None
+    high: float | None = None
+    unit: str | None = None
+    http: bool = True
+    cli: str | None = None
+    metavar: str | None = None
+
+
+def _option(default: Any, **spec: Any) -> Any:
+    """A :class:`FuseOptions` field with its :class:`OptionSpec`."""
+    return field(default=default, metadata={"option": OptionSpec(**spec)})
 
 
 @dataclass(frozen=True)
@@ -41,50 +74,61 @@ class FuseOptions:
     smaller faces (source or target) are not used. In ``many`` mode and with a
     mapping such a target face is skipped and reported (:class:`SkippedFace`); in
     ``one`` and ``reference`` mode it is an error.
+
+    Every field carries its :class:`OptionSpec` (:func:`option_specs`). A value out
+    of range or of the wrong type raises :class:`InvalidArgumentError` with code
+    ``invalid_<field>``; ``target_face_index`` outside mode ``one`` (the other modes
+    choose their own faces) raises it with code ``options_conflict``.
     """
 
-    degree: float = 100.0
-    shape: float | None = None
-    texture: float | None = None
-    mode: TargetMode = "one"
-    target_face_index: int | None = None
-    blend: BlendMode = "multiband"
-    swapper: str = "classic"
-    evaluate: bool = True
-    relight: bool = True
-    reject_source_occluders: bool = True
-    keep_target_occluders: bool = True
-    symmetric_fill: bool = True
-    min_face_size: float = MIN_EYE_DISTANCE_PX
+    degree: float = _option(100.0, low=0, high=100, cli="--degree", help=(
+        "0 returns the target unchanged, 100 the full source identity."))
+    shape: float | None = _option(None, low=0, high=100, cli="--shape", help=(
+        "How far the geometry moves toward the source, 0..100 (default: degree)."))
+    texture: float | None = _option(None, low=0, high=100, cli="--texture", help=(
+        "How far the skin texture moves toward the source, 0..100 (default: degree)."))
+    mode: TargetMode = _option("one", cli="--mode", help=(
+        "one: the face at target_face_index (largest first); many: every face; "
+        "reference: the target face most like the reference image's face."))
+    target_face_index: int | None = _option(None, low=0, cli="--target-face-index", help=(
+        "The face to replace in mode one (0 = largest)."))
+    blend: BlendMode = _option("multiband", cli="--blend", help=(
+        "How the rendered face is blended in."))
+    swapper: str = _option("classic", http=False, cli="--swapper", help=(
+        "classic or a registered ONNX swapper."))
+    evaluate: bool = _option(True, http=False, help=(
+        "Re-analyse the output and report the quality figures of every fused face."))
+    relight: bool = _option(True, cli="--no-relight", help=(
+        "Relight the source face with the target's lighting (spherical harmonics on "
+        "the face mesh)."))
+    reject_source_occluders: bool = _option(True, cli="--no-source-occluders", help=(
+        "Show the target's own pixels where something covers the source's face (hair, "
+        "glasses, a hand, a beard)."))
+    keep_target_occluders: bool = _option(True, cli="--no-target-occluders", help=(
+        "Keep whatever covers the target's face (glasses, a hand, hair, a beard) on top."))
+    symmetric_fill: bool = _option(True, cli="--no-symmetric-fill", help=(
+        "Where the source photo hides or squeezes part of the face the target shows (a "
+        "turned head), take it from the mirrored other half of the source face."))
+    hair_and_glasses: bool = _option(False, cli="--hair-and-glasses", help=(
+        "Also find facial hair (beard, moustache, stubble) and glasses frames as regions: "
+        "the target's are kept, the source's never carried. Off by default: it costs "
+        "about a third of the fusion stage and, on stubbled sources, some identity."))
+    min_face_size: float = _option(
+        MIN_EYE_DISTANCE_PX, low=MIN_FACE_SIZE_RANGE[0], high=MIN_FACE_SIZE_RANGE[1],
+        unit="pixels", cli="--min-face-size", metavar="PX", help=(
+            "Smallest face used, source or target (pixels between the outer eye corners). "
+            "In mode many and with a mapping, smaller faces (and faces in profile or "
+            "without landmarks) are skipped and listed; the fusion fails only when no "
+            "face can be fused."))
 
     def __post_init__(self) -> None:
-        for name in ("degree", "shape", "texture"):
-            v = getattr(self, name)
-            if v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 100:
-                raise InvalidArgumentError(f"{name} must be a number in 0..100, not {v!r}",
-                                           code=f"invalid_{name}")
-        if self.mode not in ("one", "many", "reference"):
-            raise InvalidArgumentError(f"mode must be one|many|reference, not {self.mode!r}",
-                                       code="invalid_mode")
-        if self.blend not in ("multiband", "poisson", "alpha"):
-            raise InvalidArgumentError(f"blend must be multiband|poisson|alpha, not {self.blend!r}",
-                                       code="invalid_blend")
-        for name in ("relight", "reject_source_occluders", "keep_target_occluders",
-                     "symmetric_fill"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidArgumentError(f"{name} must be true or false",
-                                           code=f"invalid_{name}")
-        lo, hi = MIN_FACE_SIZE_RANGE
-        v = self.min_face_size
-        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+        hints = _hints()
+        for f, spec in option_specs():
+            _check_option(f.name, getattr(self, f.name), hints[f.name], spec)
+        if self.target_face_index is not None and self.mode != "one":
             raise InvalidArgumentError(
-                f"min_face_size must be a number of pixels in {lo:g}..{hi:g}, not {v!r}",
-                code="invalid_min_face_size")
-        if self.target_face_index is not None and self.target_face_index < 0:
-            raise InvalidArgumentError("target_face_index must be >= 0",
-                                       code="invalid_target_face_index")
+                f"target_face_index picks the face in mode 'one'; mode {self.mode!r} "
+                "chooses its own faces", code="options_conflict")
 
     @property
     def shape_weight(self) -> float:
@@ -93,6 +137,53 @@ class FuseOptions:
     @property
     def texture_weight(self) -> float:
         return (self.degree if self.texture is None else self.texture) / 100.0
+
+
+@functools.cache
+def option_specs() -> tuple[tuple[Field[Any], OptionSpec], ...]:
+    """Every :class:`FuseOptions` field with its :class:`OptionSpec`, in declaration order."""
+    return tuple((f, f.metadata["option"]) for f in fields(FuseOptions))
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return get_type_hints(FuseOptions)
+
+
+def option_type(name: str) -> Any:
+    """The annotation of :class:`FuseOptions` field ``name`` (``float | None``,
+    ``Literal[...]``, ...)."""
+    return _hints()[name]
+
+
+def _check_option(name: str, value: Any, hint: Any, spec: OptionSpec) -> None:
+    """Raise ``invalid_<name>`` unless ``value`` fits the field's type and range."""
+    args = [a for a in get_args(hint) if a is not type(None)]
+    if value is None and type(None) in get_args(hint):
+        return
+    base = args[0] if args else hint
+    code = f"invalid_{name}"
+    if get_origin(hint) is Literal:
+        if value not in get_args(hint):
+            choices = "|".join(str(a) for a in get_args(hint))
+            raise InvalidArgumentError(f"{name} must be {choices}, not {value!r}", code=code)
+    elif base is bool:
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(f"{name} must be true or false", code=code)
+    elif base in (int, float):
+        kind = "an integer" if base is int else "a number"
+        ok_type = isinstance(value, numbers.Integral if base is int else numbers.Real) and (
+            not isinstance(value, bool))
+        lo = -math.inf if spec.low is None else spec.low
+        hi = math.inf if spec.high is None else spec.high
+        if not ok_type or not lo <= value <= hi:
+            unit = f" of {spec.unit}" if spec.unit else ""
+            span = (f">= {lo:g}" if spec.high is None else f"in {lo:g}..{hi:g}")
+            raise InvalidArgumentError(f"{name} must be {kind}{unit} {span}, not {value!r}",
+                                       code=code)
+    elif not isinstance(value, base):
+        raise InvalidArgumentError(f"{name} must be a {base.__name__}, not {value!r}",
+                                   code=code)
 
 
 @dataclass(frozen=True)
@@ -154,7 +245,7 @@ class FusionResult:
 
     @property
     def quality(self) -> dict[str, float]:
-        """Quality of the first fused face (see :func:`facefuse.fusion.quality.evaluate`)."""
+        """Quality of the first fused face (see :func:`facefuse.fusion.plan.quality`)."""
         return self.fused[0].quality if self.fused else {}
 
     def report(self) -> dict[str, object]:

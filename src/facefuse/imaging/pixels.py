@@ -5,7 +5,7 @@ Three stages move most of a fusion's pixels: the dense remap of a face region
 :class:`PixelBackend` names them; two implementations:
 
 * :class:`OpenCVPixels` — the reference: :func:`~facefuse.imaging.warp.remap_region`,
-  :func:`~facefuse.fusion.texture.transfer_lighting`-style masked blur and
+  the lighting transfer by :func:`masked_blur` (normalised convolution) and
   :func:`~facefuse.imaging.blend.laplacian_blend`, all on the CPU.
 * :class:`OnnxPixels` — the same arithmetic as small ONNX graphs shipped in
   ``imaging/graphs/`` (GridSample, Resize, Conv/ConvTranspose; built by
@@ -56,7 +56,10 @@ class PixelBackend(Protocol):
     def lighting(self, source: F32, target: F32, weight: F32, sigma: float,
                  max_gain: float) -> F32:
         """``source`` × clamp(local mean of ``target`` / local mean of ``source``),
-        (H, W, 3) float32 in 0..255 (clipped); as ``fusion.texture.transfer_lighting``."""
+        (H, W, 3) float32 in 0..255 (clipped), the local means by :func:`masked_blur`
+        over ``weight`` (H, W) > 0 at ``sigma`` px; the ratio of the target's local mean
+        colour to the source's gives the source the target's tone and shading while
+        it keeps its own detail."""
         ...
 
     def multiband(self, fg: F32, bg: npt.NDArray[np.uint8], mask: F32) -> F32:

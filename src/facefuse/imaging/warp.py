@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from facefuse.errors import InvalidArgumentError
+from facefuse.imaging.hull import complete_to_hull
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -318,7 +319,7 @@ def delaunay(points: npt.ArrayLike, rect: Region | None = None) -> I32:
         points: (P, 2) pixel coordinates; duplicates are merged (the first index wins).
         rect: ``(x0, y0, x1, y1)`` box containing the points; grown to contain
             them all if needed (default: their bounding box). Only its extent
-            matters; the result covers exactly the points' convex hull.
+            matters; the result tiles exactly the points' convex hull.
 
     Returns:
         (T, 3) int32 vertex indices; every triangle has non-zero area and the
@@ -369,5 +370,6 @@ def delaunay(points: npt.ArrayLike, rect: Region | None = None) -> I32:
     result = result[np.abs(cross) > _MIN_AREA2]
     flip = cross[np.abs(cross) > _MIN_AREA2] < 0
     result[flip] = result[flip][:, [0, 2, 1]]
-    out: I32 = result.astype(np.int32)
+    # Hull slivers the finite super-triangle dropped go back (facefuse.imaging.hull).
+    out: I32 = complete_to_hull(pts, result.astype(np.int32), np.sort(first))
     return out

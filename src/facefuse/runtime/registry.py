@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -58,6 +58,23 @@ class LoadedModel:
         feeds = {t.name: x for t, x in zip(self.spec.inputs, inputs, strict=True)}
         out: list[Any] = self.session.run(None, feeds)
         return [np.asarray(o) for o in out]
+
+
+class ModelEntry(Protocol):
+    """Anything that names a model by its manifest entry: a :class:`LoadedModel`, or a
+    :class:`DeferredModel` whose session the registry builds on its first run."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+
+@dataclass(frozen=True)
+class DeferredModel:
+    """A model chosen (its manifest entry, precision included) but not loaded: callers
+    that only read the spec hold this, and the first model run through
+    :meth:`ModelRegistry.get` builds the session."""
+
+    spec: ModelSpec
 
 
 def gpu_requested(settings: Settings) -> bool:
@@ -132,6 +149,15 @@ class ModelRegistry:
 
     def has(self, name: str) -> bool:
         return name in self.manifest.models
+
+    def entry(self, name: str) -> ModelEntry:
+        """``name``'s model without loading it: the loaded one if there is one, else a
+        :class:`DeferredModel` of the entry :meth:`get` would load (same variant)."""
+        loaded = self._loaded.get(name)
+        if loaded is not None:
+            return loaded
+        with self._lock:
+            return DeferredModel(choose_variant(self._current_manifest(), name, self.settings))
 
     def get(self, name: str) -> LoadedModel:
         """The loaded model for a base name (precision chosen by settings)."""

@@ -42,7 +42,7 @@ class FuseRequest:
         admission reserves memory for): the sources, the target, and the reference
         when ``mode=reference`` uses it."""
         images = [*self.sources, target]
-        if self.reference is not None and self.params.mode == "reference":
+        if self.reference is not None and self.options.mode == "reference":
             images.append(self.reference)
         return images
 
@@ -61,13 +61,7 @@ async def read_fuse_request(request: Request, *, target: bool = True) -> FuseReq
     required = ("source", "target") if target else ("source",)
     images, fields = await read_request(request, required, (*SOURCE_FIELDS[1:], "reference"))
     params = validate_params(FuseParams, fields)
-    options = FuseOptions(degree=params.degree, shape=params.shape, texture=params.texture,
-                          mode=params.mode, target_face_index=params.target_face_index,
-                          blend=params.blend, min_face_size=params.min_face_size,
-                          relight=params.relight,
-                          reject_source_occluders=params.reject_source_occluders,
-                          keep_target_occluders=params.keep_target_occluders,
-                          symmetric_fill=params.symmetric_fill)
+    options = params.options()
     sources = [images["source"]]
     for name in SOURCE_FIELDS[1:]:
         if name in images:
@@ -77,7 +71,7 @@ async def read_fuse_request(request: Request, *, target: bool = True) -> FuseReq
             sources.append(images[name])
     mapping = parse_mapping(params.mapping) if params.mapping is not None else None
     reference = images.get("reference")
-    if params.mode == "reference" and reference is None and mapping is None:
+    if options.mode == "reference" and reference is None and mapping is None:
         raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
                                    code="reference_required")
     return FuseRequest(sources, images.get("target"), reference, params, options, mapping)

@@ -1,9 +1,9 @@
-"""The server's driver of the stages: concurrency only, no face logic.
+"""The server's driver of the stages and of the fusion plan: concurrency only.
 
-The stages themselves (:mod:`facefuse.faces.stages`), the face selection
-(:mod:`facefuse.fusion.select`) and the fusion (:meth:`FaceFuser.fuse_faces`) are
-the library's; this module decides where each piece runs. Per request, nothing
-CPU-heavy runs on the event loop:
+The stages (:mod:`facefuse.faces.stages`), the fusion plan — what to analyse, which
+faces, what to score (:mod:`facefuse.fusion.plan`) — and the rendering
+(:meth:`FaceFuser.fuse_mapped`) are the library's; this module decides where each
+piece runs. Per request, nothing CPU-heavy runs on the event loop:
 
 * decoding (+ pixel hash), each stage's first step — letterboxing, ROI warps, chip
   cuts — and the fusion and encoding run in a bounded *CPU pool*; the short steps
@@ -42,27 +42,26 @@ from typing import Any, TypeVar
 import numpy as np
 
 from facefuse.config import Settings
-from facefuse.errors import ImageTooLargeError, InvalidArgumentError
+from facefuse.errors import ImageTooLargeError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.detectors import Purpose, detector_for
 from facefuse.faces.stages import Done, FaceModels, ModelCall, Stage
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.mapping import FacePair, MappedFace, detect_purposes, resolve
-from facefuse.fusion.quality import identity_similarity
-from facefuse.fusion.select import IdentityNeeds, select
+from facefuse.fusion.mapping import FacePair
+from facefuse.fusion.plan import Analyse, FuseRequest, Planned, Render, fuse_plan
 from facefuse.fusion.types import FuseOptions, SkippedFace
 from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
 from facefuse.imaging.encode import content_type
 from facefuse.imaging.output import OutputPolicy
-from facefuse.runtime.batch_policy import batch_policy, warm_batch_sizes
+from facefuse.runtime.batch_policy import batch_policy
 from facefuse.runtime.providers import device_of
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.runtime.warmup import warm_up
 from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher
 from facefuse.serving.budget import BYTES_PER_PIXEL, MemoryBudget, budget_bytes
-from facefuse.serving.cache.keys import analysis_key, pixels_sha256
+from facefuse.serving.cache.keys import analysis_key, sha256_hex
 from facefuse.serving.cache.lru import ByteLRU
 
 __all__ = [
@@ -280,10 +279,11 @@ class Pipeline:
         return self._versions
 
     def warmup(self) -> None:
-        """Run each batched model on zeros at the batch sizes the batcher forms
-        (1, 8 and the largest): first ORT runs of a shape are slow, and on a GPU
-        each new shape may build kernels or a TensorRT engine. Blocking."""
-        sizes = warm_batch_sizes(self.policy.max_batch_size if self.settings.batching else 1)
+        """Run each batched model on zeros at the policy's warm sizes
+        (:meth:`~facefuse.runtime.batch_policy.BatchPolicy.warm_sizes`: on a GPU every
+        size the batcher forms, each new shape may build kernels or a TensorRT engine;
+        on the CPU batch 1). Blocking."""
+        sizes = self.policy.warm_sizes(self.settings.batching)
         for name in self.model_names:
             warm_up(self.registry.get(name), sizes)
 
@@ -384,7 +384,7 @@ class Pipeline:
     # --- decode ------------------------------------------------------------------------
 
     async def decode(self, data: bytes, ctx: RequestContext) -> tuple[np.ndarray, str]:
-        """Encoded bytes → (RGB uint8 (H, W, 3), L1 image digest).
+        """Encoded bytes → (RGB uint8 (H, W, 3), L1 image digest: SHA-256 of the bytes).
 
         The header is checked on the loop first (cheap); decoding and hashing run in
         the CPU pool.
@@ -396,10 +396,12 @@ class Pipeline:
         return rgb, digest
 
     def _decode_and_digest(self, data: bytes) -> tuple[np.ndarray, str]:
-        # Keyed by the exact pixels only: identity values (embeddings, similarity)
-        # must never be shared between two different images, however alike.
+        # Keyed by the exact file: identity values (embeddings, similarity) must never
+        # be shared between two different images, however alike. The same bytes decode
+        # to the same pixels, and hashing a 2 MP JPEG's ~300 KB instead of its 6 MB of
+        # pixels saves ~6 ms of CPU per image.
         rgb = decode_image(data, self.limits)
-        return rgb, pixels_sha256(rgb)
+        return rgb, sha256_hex(data)
 
     # --- driving a stage ---------------------------------------------------------------
 
@@ -494,7 +496,8 @@ class Pipeline:
         target_analysis: Analysis | None = None,
         target_purpose: Purpose | None = None,
     ) -> FuseOutcome:
-        """Decode, analyse (L1), select, fuse, score and encode one request.
+        """Decode, run the fusion plan (:func:`~facefuse.fusion.plan.fuse_plan`: the
+        library's decisions) and encode one request.
 
         ``source``: one image, or several (face mapping: one per person). With
         ``target_analysis`` (a stored template's faces) the target is decoded but not
@@ -502,61 +505,51 @@ class Pipeline:
         for the target's analysis. ``options.evaluate`` is ignored: the only figure a response
         carries is the similarity (when ``similarity``).
         """
-        plain = dataclasses.replace(options, evaluate=False)
-        needs = IdentityNeeds.of(plain, similarity=similarity)
         sources = [source] if isinstance(source, bytes) else list(source)
+        known = target_analysis
+        req = FuseRequest(
+            dataclasses.replace(options, evaluate=False), len(sources),
+            tuple(mapping) if mapping else None, reference=reference is not None,
+            similarity=similarity, target_faces=known.faces if known is not None else None,
+            target_size=(known.width, known.height) if known is not None else None,
+            target_purpose=target_purpose)
         blobs = [*sources, target]
-        with_reference = reference is not None and plain.mode == "reference" and not mapping
-        if with_reference:
+        if req.uses_reference:
             assert reference is not None
             blobs.append(reference)
         decoded = await gather_all(self.decode(b, ctx) for b in blobs)
-        n = len(sources)
-        purposes = detect_purposes(plain, mapping)
-        jobs = [self.analyse(rgb, digest, ctx, embed=needs.source, purpose=purposes.source)
-                for rgb, digest in decoded[:n]]
-        if target_analysis is None:
-            jobs.append(self.analyse(decoded[n][0], decoded[n][1], ctx,
-                                     embed=needs.target and not mapping,
-                                     purpose=target_purpose or purposes.target))
-        if with_reference:
-            jobs.append(self.analyse(decoded[n + 1][0], decoded[n + 1][1], ctx, embed=True,
-                                     purpose=purposes.reference))
-        analyses = await gather_all(jobs)
-        tgt = target_analysis if target_analysis is not None else analyses[n]
-        ref_faces = list(analyses[-1].faces) if with_reference else None
-        src_faces = [list(a.faces) for a in analyses[:n]]
-        tgt_rgb, tgt_faces = decoded[n][0], list(tgt.faces)
-        if tgt_rgb.shape[:2] != (tgt.height, tgt.width):
-            raise InvalidArgumentError("the stored analysis does not fit the target image",
-                                       code="template_mismatch")
-        if mapping:
-            pairs, skipped = resolve(mapping, src_faces, tgt_faces, plain.min_face_size)
-            notes: tuple[str, ...] = ()
-        else:
-            chosen = select(src_faces, tgt_faces, plain, ref_faces)
-            pairs = [MappedFace(chosen.source_index, chosen.source_face, i)
-                     for i in chosen.targets]
-            notes, skipped = chosen.notes, list(chosen.skipped)
-        t = time.perf_counter()
-        sources_rgb = [rgb for rgb, _ in decoded[:n]]
-        result = await self.in_cpu_pool(self.fuser.fuse_mapped, sources_rgb, pairs,
-                                        tgt_rgb, tgt_faces, plain)
-        ctx.timer.add("fuse", t)
-        sim: float | None = None
-        first = result.fused[0] if result.fused else None
-        if (similarity and first is not None and first.landmarks is not None
-                and first.region[2] > first.region[0]):
-            # One recogniser call at the mesh the face was rendered with: the full
-            # re-analysis (mesh, iris, embed) costs twice as much for the same figure
-            # to within 0.01 on the benchmark pairs.
-            t = time.perf_counter()
-            out_face = await self.run(stages.embed_at(
-                self.models.recognizer, result.image, first.target_face, first.landmarks), ctx)
-            sim = identity_similarity(out_face, pairs[0].source_face)
-            ctx.timer.add("evaluate", t)
+        planned = await self.run_plan(req, decoded, ctx)
+        result = planned.result
         t = time.perf_counter()
         body = await self.in_cpu_pool(self.output.encode, result.image, fmt, quality)
         ctx.timer.add("encode", t)
-        return FuseOutcome(body, content_type(fmt), sim, len(result.fused),
-                           tuple(notes) + tuple(result.notes), tuple(skipped))
+        return FuseOutcome(body, content_type(fmt), planned.similarity, len(result.fused),
+                           tuple(result.notes), tuple(result.skipped))
+
+    async def run_plan(self, req: FuseRequest, decoded: Sequence[tuple[np.ndarray, str]],
+                       ctx: RequestContext) -> Planned:
+        """Answer the plan's steps over ``decoded`` (RGB image, L1 digest) pairs: the
+        analyses of one step concurrently through L1 and the batchers, the rendering
+        in the CPU pool, the scoring stages through the batchers."""
+        plan = fuse_plan(req, self.models, [rgb for rgb, _ in decoded])
+        answer: Any = None
+        while True:
+            try:
+                step = plan.send(answer)
+            except StopIteration as stop:
+                planned: Planned = stop.value
+                return planned
+            t = time.perf_counter()
+            if isinstance(step, Analyse):
+                analyses = await gather_all(
+                    self.analyse(*decoded[job.image], ctx, embed=job.embed, purpose=job.purpose)
+                    for job in step.jobs)
+                answer = [a.faces for a in analyses]
+            elif isinstance(step, Render):
+                answer = await self.in_cpu_pool(self.fuser.fuse_mapped, step.sources_rgb,
+                                                step.pairs, step.target_rgb, step.target_faces,
+                                                step.options)
+                ctx.timer.add("fuse", t)
+            else:
+                answer = await self.run(step.stage, ctx)
+                ctx.timer.add("evaluate", t)

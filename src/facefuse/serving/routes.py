@@ -20,10 +20,10 @@ from fastapi import APIRouter, Depends, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from facefuse.errors import DeadlineExceededError, NoFaceError
+from facefuse.errors import DeadlineExceededError
 from facefuse.faces.detectors import Purpose
-from facefuse.faces.recognizer import cosine_similarity, distance
 from facefuse.faces.types import Face
+from facefuse.faces.verify import largest_face, verify_faces
 from facefuse.serving.cache.keys import result_key, sha256_hex, tenant_key
 from facefuse.serving.cache.results import CachedResult
 from facefuse.serving.fuse_request import SOURCE_FIELDS, FuseRequest, read_fuse_request
@@ -333,9 +333,7 @@ async def verify(request: Request) -> JSONResponse:
     async def one(name: str) -> Face:
         rgb, digest = await pipeline.decode(images[name], ctx)
         analysis = await pipeline.analyse(rgb, digest, ctx, embed=True)
-        if not analysis.faces:
-            raise NoFaceError(f"no face found in image {name!r}", code=f"{name}_no_face")
-        return analysis.faces[0]
+        return largest_face(analysis.faces, name)
 
     async def both() -> list[Face]:
         async with pipeline.admit([images["a"], images["b"]]):
@@ -343,20 +341,7 @@ async def verify(request: Request) -> JSONResponse:
 
     fa, fb = await within_deadline(ctx, both())
     observe_stages(svc, ctx)
-    assert fa.embedding is not None
-    assert fb.embedding is not None
-    assert fa.embedding_raw is not None
-    assert fb.embedding_raw is not None
-    dist = float(distance(fa.embedding_raw, fb.embedding_raw))
-    threshold = svc.settings.same_person_distance
-    body = {
-        "similarity": round(float(cosine_similarity(fa.embedding, fb.embedding)), 6),
-        "distance": round(dist, 6),
-        "threshold": threshold,
-        "same_person": dist < threshold,
-        "faces": {"a": [round(float(v), 2) for v in fa.bbox],
-                  "b": [round(float(v), 2) for v in fb.bbox]},
-    }
+    body = verify_faces(fa, fb, svc.settings.same_person_distance).to_dict()
     _mark(request, l1=",".join(ctx.l1))
     return JSONResponse(body, headers={"Server-Timing": server_timing(ctx)})
 

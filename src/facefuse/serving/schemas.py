@@ -9,11 +9,11 @@ The response models only document the API (OpenAPI); handlers build plain dicts.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
-from facefuse.fusion.types import MIN_EYE_DISTANCE_PX, MIN_FACE_SIZE_RANGE
+from facefuse.fusion.types import FuseOptions, option_specs, option_type
 
 __all__ = [
     "EmbedParams",
@@ -26,41 +26,30 @@ __all__ = [
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class FuseParams(_Params):
+def _option_fields() -> dict[str, Any]:
+    """The pydantic fields of every fusion option offered over HTTP, made from
+    :class:`FuseOptions`'s declaration (type, default, range, description)."""
+    out: dict[str, Any] = {}
+    for f, spec in option_specs():
+        if spec.http:
+            out[f.name] = (option_type(f.name), Field(
+                f.default, ge=spec.low, le=spec.high, description=spec.help))
+    return out
+
+
+if TYPE_CHECKING:
+    _FuseOptionParams = _Params
+else:
+    _FuseOptionParams = create_model("FuseOptionParams", __base__=_Params, **_option_fields())
+
+
+# The fusion options (declared once, on FuseOptions), then the output and the mapping.
+class FuseParams(_FuseOptionParams):
     """Options of ``POST /v1/fuse``."""
 
-    degree: float = Field(100.0, ge=0, le=100, description="0 returns the target unchanged, "
-                          "100 the full source identity.")
-    shape: float | None = Field(None, ge=0, le=100,
-                                description="Geometry weight (default: degree).")
-    texture: float | None = Field(None, ge=0, le=100,
-                                  description="Skin texture weight (default: degree).")
-    mode: Literal["one", "many", "reference"] = Field(
-        "one", description="one: the face at target_face_index (largest first); many: every "
-        "face; reference: the target face most like the `reference` image's face.")
-    target_face_index: int | None = Field(None, ge=0, description="Face to replace in mode one "
-                                          "(0 = largest).")
-    blend: Literal["multiband", "poisson", "alpha"] = "multiband"
-    min_face_size: float = Field(
-        MIN_EYE_DISTANCE_PX, ge=MIN_FACE_SIZE_RANGE[0], le=MIN_FACE_SIZE_RANGE[1],
-        description="Smallest face used, source or target (pixels between the outer eye "
-        "corners). In mode "
-        "many and with a mapping, smaller faces (and faces in profile or without "
-        "landmarks) are skipped and listed in the X-Facefuse-Skipped-Faces header; the "
-        "request fails only when no face can be fused.")
-    relight: bool = Field(True, description="Relight the source face with the target's "
-                          "lighting (spherical harmonics on the face mesh).")
-    reject_source_occluders: bool = Field(True, description="Show the target's own pixels "
-                                          "where something covers the source's face (hair, "
-                                          "glasses, a hand, a beard).")
-    keep_target_occluders: bool = Field(True, description="Keep whatever covers the target's "
-                                        "face (glasses, a hand, hair, a beard) on top.")
-    symmetric_fill: bool = Field(True, description="Where the source photo hides or squeezes "
-                                 "part of the face the target shows (a turned head), take it "
-                                 "from the mirrored other half of the source face.")
     format: Literal["jpeg", "png", "webp"] = Field("jpeg", description="Output format.")
     quality: int = Field(92, ge=1, le=100, description="JPEG / WebP quality.")
     similarity: bool = Field(False, description="Measure the output's identity and report its "
@@ -72,6 +61,10 @@ class FuseParams(_Params):
         '`{"source": image index (0 = `source`, n = `source_n`), "source_face": face index '
         '(default 0 = largest), "target": face index or [x0, y0, x1, y1] pixels}`; target '
         "faces not named are left alone. In multipart, a JSON string.")
+
+    def options(self) -> FuseOptions:
+        """The fusion options these parameters give."""
+        return FuseOptions(**{name: getattr(self, name) for name in _FuseOptionParams.model_fields})
 
     @field_validator("mapping", mode="before")
     @classmethod

@@ -126,3 +126,192 @@ def relight_gradient(image: np.ndarray, landmarks: np.ndarray, strength: float) 
     gain = np.clip(1.0 + strength * (x - cx) / d, 0.2, 2.0)
     out: np.ndarray = np.clip(image.astype(np.float32) * gain[None, :, None], 0, 255)
     return out.astype(np.uint8)
+
+
+def _face_axes(lm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(eye midpoint (2,), unit across (2,) image-left → right, unit down (2,),
+    eye-midpoint-to-mouth distance in pixels) of the face ``lm`` (N, 3)."""
+    a = lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0)
+    b = lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0)
+    across = (b - a) / max(1e-6, float(np.linalg.norm(b - a)))
+    down = np.array([-across[1], across[0]])
+    mid = 0.5 * (a + b)
+    mouth = lm[list(topo.MOUTH_CORNERS), :2].mean(0)
+    return mid, across, down, max(1.0, float((mouth - mid) @ down))
+
+
+FacialHairKind = Literal["beard", "moustache", "stubble"]
+FACIAL_HAIR_KINDS: tuple[FacialHairKind, ...] = ("beard", "moustache", "stubble")
+#: Opacity of the transplanted hair: a beard and a moustache cover the skin, stubble
+#: lets about half of it through.
+FACIAL_HAIR_OPACITY = {"beard": 0.95, "moustache": 0.95, "stubble": 0.5}
+#: Upper lip between the nostrils and the outer upper lip, in polygon order.
+_MOUSTACHE = (98, 2, 327, 291, 409, 270, 269, 267, 0, 37, 39, 40, 185, 61)
+
+
+def facial_hair_alpha(lm: np.ndarray, shape: tuple[int, int],
+                      kind: FacialHairKind) -> np.ndarray:
+    """(H, W) float32 soft coverage in [0, 1] of a synthetic beard, moustache or
+    stubble over the face ``lm`` (N, 3): the moustache fills the upper lip; a beard
+    and stubble also the chin and the jaw up the cheeks to the sideburns (its top
+    edge rises from the nose base at the middle to half the nose's height at the
+    face's sides), the lips left bare."""
+    lm = np.asarray(lm, np.float64)
+    d = eye_distance(lm)
+    h, w = shape
+    m = np.zeros(shape, np.uint8)
+    cv2.fillPoly(m, [np.round(lm[list(_MOUSTACHE), :2]).astype(np.int32)], 255)
+    m = np.asarray(cv2.dilate(
+        m, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * round(0.04 * d) + 1,) * 2)), np.uint8)
+    if kind != "moustache":
+        mid, across, down, mouth = _face_axes(lm)
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        px, py = xx - np.float32(mid[0]), yy - np.float32(mid[1])
+        t = (px * np.float32(down[0]) + py * np.float32(down[1])) / np.float32(mouth)
+        half = 0.5 * float(np.ptp(lm[list(topo.FACE_OVAL), :2] @ across))
+        lat = (px * np.float32(across[0]) + py * np.float32(across[1])) / np.float32(half)
+        oval = np.zeros(shape, np.uint8)
+        cv2.fillPoly(oval, [np.round(lm[list(topo.FACE_OVAL), :2]).astype(np.int32)], 255)
+        top = 0.72 - 0.3 * np.clip(np.abs(lat), 0.0, 1.0) ** 2
+        m = np.maximum(m, ((t > top) & (oval > 0)).astype(np.uint8) * 255)
+    lips = np.zeros(shape, np.uint8)
+    cv2.fillPoly(lips, [np.round(lm[list(topo.LIPS_OUTER), :2]).astype(np.int32)], 255)
+    m[lips > 0] = 0
+    alpha: np.ndarray = cv2.GaussianBlur(m.astype(np.float32) / 255.0, (0, 0), 0.02 * d)
+    return alpha
+
+
+def scalp_hair_texture(donor: np.ndarray, donor_lm: np.ndarray, shape: tuple[int, int],
+                       scale: float, seed: int = 0) -> np.ndarray:
+    """(H, W, 3) uint8: the donor's real scalp hair (a patch above its forehead),
+    resampled by ``scale`` and mirror-tiled to ``shape``; ``seed`` shifts the tiling.
+
+    Only a donor with hair there serves (of the samples: obama's dark short hair,
+    astronaut's brown hair; obama3's head is cut by the frame, biden's is bald there)."""
+    d = eye_distance(donor_lm)
+    c = donor_lm[topo.FOREHEAD, :2] - np.array([0.0, 0.5 * d])
+    x0, x1 = int(max(0, c[0] - 0.25 * d)), int(min(donor.shape[1], c[0] + 0.25 * d))
+    y0, y1 = int(max(0, c[1] - 0.08 * d)), int(min(donor.shape[0], c[1] + 0.08 * d))
+    patch = donor[y0:y1, x0:x1]
+    patch = cv2.resize(patch, (max(2, round(patch.shape[1] * scale)),
+                               max(2, round(patch.shape[0] * scale))),
+                       interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC)
+    ph, pw = patch.shape[:2]
+    rng = np.random.default_rng(seed)
+    oy, ox = int(rng.integers(0, ph)), int(rng.integers(0, pw))
+    reps = (shape[0] + oy) // ph + 2, (shape[1] + ox) // pw + 2
+    row = np.concatenate([patch if k % 2 == 0 else patch[:, ::-1] for k in range(reps[1])], 1)
+    tile = np.concatenate([row if k % 2 == 0 else row[::-1] for k in range(reps[0])], 0)
+    return np.ascontiguousarray(tile[oy:oy + shape[0], ox:ox + shape[1]])
+
+
+def paste_facial_hair(
+    image: np.ndarray,
+    landmarks: np.ndarray,
+    kind: FacialHairKind,
+    donor: np.ndarray,
+    donor_landmarks: np.ndarray,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` (H, W, 3) uint8 with the donor's real scalp hair transplanted into the
+    beard, moustache or stubble zone of the face ``landmarks`` through a soft mask
+    (:func:`facial_hair_alpha`; the hair scaled by the two faces' size ratio).
+
+    Returns:
+        (the copy, (H, W) bool footprint: where the hair covers at least half as
+        much as it does at its densest).
+    """
+    lm = np.asarray(landmarks, np.float64)
+    alpha = facial_hair_alpha(lm, image.shape[:2], kind)
+    scale = eye_distance(lm) / eye_distance(donor_landmarks)
+    tex = scalp_hair_texture(donor, donor_landmarks, image.shape[:2], scale, seed)
+    a = (alpha * FACIAL_HAIR_OPACITY[kind])[..., None]
+    out = image.astype(np.float32) * (1.0 - a) + tex.astype(np.float32) * a
+    return np.clip(out + 0.5, 0, 255).astype(np.uint8), alpha > 0.5
+
+
+FrameKind = Literal["metal", "plastic"]
+FRAME_KINDS: tuple[FrameKind, ...] = ("metal", "plastic")
+#: Frame thickness (eye distances) and mean luma of its darkened donor pixels.
+FRAME_THICKNESS = {"metal": 0.018, "plastic": 0.045}
+FRAME_LUMA = {"metal": 55.0, "plastic": 30.0}
+#: Exponent on the donor texture's relative luma (its grain kept, its contrast tamed).
+FRAME_GRAIN = 0.33
+#: Lens half-axes (eye distances) around each eye's centre, raised by LENS_RAISE.
+LENS_AXES = (0.25, 0.17)
+LENS_RAISE = 0.03
+#: Peak share of the way to white of the lens reflections.
+REFLECTION_STRENGTH = 0.35
+
+
+def paste_glasses(
+    image: np.ndarray,
+    landmarks: np.ndarray,
+    kind: FrameKind,
+    donor: np.ndarray,
+    donor_landmarks: np.ndarray,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` (H, W, 3) uint8 with clear glasses over the face ``landmarks``: two
+    lens rims around the eyes (following the face's roll), a bridge over the nose
+    and the temple arms to the face's edges, thin (``"metal"``) or thick
+    (``"plastic"``), textured with the donor's real pixels (away from its face)
+    darkened to a frame's tone; the clear lenses carry a diagonal reflection.
+
+    Returns:
+        (the copy, (H, W) bool footprint of the frame; the reflections not included).
+    """
+    lm = np.asarray(landmarks, np.float64)
+    d = eye_distance(lm)
+    shape = image.shape[:2]
+    _, across, down, _ = _face_axes(lm)
+    angle = float(np.degrees(np.arctan2(across[1], across[0])))
+    ax, ay = LENS_AXES[0] * d, LENS_AXES[1] * d
+    thick = max(2, round(FRAME_THICKNESS[kind] * d * 4)) / 4.0
+    frame = np.zeros(shape, np.uint8)
+    lens = np.zeros(shape, np.uint8)
+    s = 4  # sub-pixel shift of the anti-aliased drawing
+
+    def pt(p: np.ndarray) -> tuple[int, int]:
+        return round(p[0] * s), round(p[1] * s)
+
+    centres = [lm[list(e), :2].mean(0) - LENS_RAISE * d * down
+               for e in (topo.EYE_IMAGE_LEFT, topo.EYE_IMAGE_RIGHT)]
+    for c in centres:
+        cv2.ellipse(frame, pt(c), (round(ax * s), round(ay * s)), angle, 0, 360, 255,
+                    max(1, round(thick)), cv2.LINE_AA, 2)
+        cv2.ellipse(lens, pt(c), (round(ax * s), round(ay * s)), angle, 0, 360, 255, -1,
+                    cv2.LINE_AA, 2)
+    # The bridge: an arc between the lenses' inner upper edges, over the nose.
+    a = centres[0] + across * ax * 0.85 - down * ay * 0.45
+    b = centres[1] - across * ax * 0.85 - down * ay * 0.45
+    top = 0.5 * (a + b) - down * 0.04 * d
+    bridge = np.array([(1 - u) ** 2 * a + 2 * u * (1 - u) * top + u**2 * b
+                       for u in np.linspace(0, 1, 16)])
+    cv2.polylines(frame, [np.array([pt(p) for p in bridge], np.int32)], False, 255,
+                  max(1, round(thick)), cv2.LINE_AA, 2)
+    # Temple arms from each lens's outer edge to the face's edge at that height.
+    for c, edge, sign in ((centres[0], topo.FACE_EDGE_IMAGE_LEFT, -1.0),
+                          (centres[1], topo.FACE_EDGE_IMAGE_RIGHT, 1.0)):
+        start = c + sign * across * ax * 0.97 - down * ay * 0.25
+        reach = abs(float((lm[edge, :2] - start) @ across)) + 0.05 * d
+        end = start + sign * across * reach
+        cv2.line(frame, pt(start), pt(end), 255, max(1, round(thick)), cv2.LINE_AA, 2)
+    tex = _texture("bar", donor, donor_landmarks, shape, seed).astype(np.float32)
+    # The donor's grain and tint at a frame's tone: each pixel's luma brought to
+    # FRAME_LUMA with its deviation from the mean compressed (a cube root).
+    luma = np.maximum(tex @ np.array([0.299, 0.587, 0.114], np.float32), 1.0)
+    level = FRAME_LUMA[kind] * (luma / float(luma.mean())) ** FRAME_GRAIN
+    tex *= (level / luma)[..., None]
+    # A reflection: a soft diagonal band across each lens (brighter toward white).
+    yy, xx = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float32)
+    band = np.zeros(shape, np.float32)
+    for c in centres:
+        u = ((xx - c[0]) * 0.7 + (yy - c[1]) * 0.7) / (0.08 * d) + 1.2
+        band = np.maximum(band, np.exp(-0.5 * u * u))
+    band *= REFLECTION_STRENGTH * (lens.astype(np.float32) / 255.0)
+    out = image.astype(np.float32)
+    out += (255.0 - out) * band[..., None]
+    fa = (frame.astype(np.float32) / 255.0)[..., None]
+    out = out * (1.0 - fa) + np.clip(tex, 0, 255) * fa
+    return np.clip(out + 0.5, 0, 255).astype(np.uint8), frame > 127

@@ -16,6 +16,11 @@ relit image is analysed again, as a user's photo would be.
 * :func:`background_trial` — the source's background repainted flat: the share
   of the output's changed pixels that change again (0 = no pixel of the output
   comes from beyond the source's face).
+* :func:`facial_hair_survival_trial`, :func:`facial_hair_leak_trial`,
+  :func:`glasses_survival_trial`, :func:`glasses_leak_trial` — the same for a
+  beard, moustache or stubble of real scalp hair and for clear glasses
+  (:mod:`facefuse.toolchain.synthetic`); the hair's leak also in grey levels of
+  darkening of the clean-shaven target's beard zone.
 """
 
 from __future__ import annotations
@@ -27,20 +32,32 @@ import numpy as np
 
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.quality import (
+from facefuse.fusion.regions import beard_zone
+from facefuse.fusion.types import FuseOptions
+from facefuse.toolchain.measures import (
     face_outline_mask,
     gradient_slope,
     occluder_leak,
     occluder_survival,
 )
-from facefuse.fusion.types import FuseOptions
-from facefuse.toolchain.synthetic import OccluderKind, paste_occluder, relight_gradient
+from facefuse.toolchain.synthetic import (
+    FacialHairKind,
+    FrameKind,
+    OccluderKind,
+    facial_hair_alpha,
+    paste_facial_hair,
+    paste_glasses,
+    paste_occluder,
+    relight_gradient,
+)
 
 #: The engine without relighting, occluder masks and the symmetric fill: the
 #: "before" of comparisons.
 BEFORE = FuseOptions(relight=False, reject_source_occluders=False, keep_target_occluders=False,
                      symmetric_fill=False)
 AFTER = FuseOptions()
+#: The defaults with facial hair and glasses found as regions.
+REGIONS = FuseOptions(hair_and_glasses=True)
 #: Gain slope of the synthetic gradient, per eye distance.
 GRADIENT_STRENGTH = 0.35
 
@@ -139,3 +156,74 @@ def background_trial(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOp
         return 0.0, second
     diff = np.abs(first.astype(np.int16) - second.astype(np.int16)).max(-1)
     return float((diff[changed] > BACKGROUND_THRESHOLD).mean()), second
+
+
+def _luma(img: np.ndarray) -> np.ndarray:
+    out: np.ndarray = img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    return out
+
+
+def facial_hair_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample,
+                               kind: FacialHairKind, donor: Sample, options: FuseOptions,
+                               seed: int = 0) -> tuple[float, np.ndarray]:
+    """(kept share, output) of fusing ``src`` into ``tgt`` wearing the donor's hair
+    as a beard, moustache or stubble: the share of the hair's footprint inside
+    the face left unchanged (:func:`occluder_survival`)."""
+    hairy, fp = paste_facial_hair(tgt.image, tgt.landmarks, kind, donor.image,
+                                  donor.landmarks, seed)
+    out = _fuse(fuser, src, Sample(hairy, tgt.faces), options)
+    return occluder_survival(out, hairy, fp, tgt.landmarks), out
+
+
+def facial_hair_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FacialHairKind,
+                           donor: Sample, options: FuseOptions, seed: int = 0
+                           ) -> tuple[float, float, float, np.ndarray]:
+    """(leaked share, darkening, darkening against the target, output) of fusing
+    ``src`` wearing the donor's hair into the clean-shaven ``tgt``.
+
+    Over the target's beard zone (:func:`facefuse.fusion.regions.beard_zone`, where
+    the source's hair lands): the darkening is the mean luma (grey levels) the
+    hair takes off the output against fusing the clean ``src``, and the mean the
+    output is darker than the target itself. The leaked share is the mean luma
+    change, in the hair's direction (darker for dark hair), where the hair lands
+    on the target (the same mesh zone, :func:`facial_hair_alpha`), over the mean
+    change the hair made on the source's own face (0 = none of it came along, 1 =
+    all of it; the target's own skin showing where the hair was rejected changes
+    the output both ways and mostly cancels)."""
+    hairy, fp = paste_facial_hair(src.image, src.landmarks, kind, donor.image,
+                                  donor.landmarks, seed)
+    out = _fuse(fuser, Sample(hairy, src.faces), tgt, options)
+    clean = _fuse(fuser, src, tgt, options)
+    zone = beard_zone(tgt.landmarks, tgt.image.shape[:2])
+    # Where the source's hair lands: the same zone of the mesh on the target.
+    lands = facial_hair_alpha(tgt.landmarks, tgt.image.shape[:2], kind) > 0.5
+    if not fp.any() or not zone.any() or not lands.any():
+        return 0.0, 0.0, 0.0, out
+    applied = float((_luma(src.image)[fp] - _luma(hairy)[fp]).mean())
+    change = _luma(clean) - _luma(out)
+    darker = float(change[zone].mean())
+    against = float((_luma(tgt.image)[zone] - _luma(out)[zone]).mean())
+    leak = max(0.0, float(change[lands].mean()) / applied) if abs(applied) > 0 else 0.0
+    return min(1.0, leak), darker, against, out
+
+
+def glasses_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FrameKind,
+                           donor: Sample, options: FuseOptions, seed: int = 0
+                           ) -> tuple[float, np.ndarray]:
+    """(kept share, output) of fusing ``src`` into ``tgt`` wearing clear glasses
+    (:func:`paste_glasses`): the share of the frame's pixels inside the face left
+    unchanged."""
+    worn, fp = paste_glasses(tgt.image, tgt.landmarks, kind, donor.image, donor.landmarks, seed)
+    out = _fuse(fuser, src, Sample(worn, tgt.faces), options)
+    return occluder_survival(out, worn, fp, tgt.landmarks), out
+
+
+def glasses_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FrameKind,
+                       donor: Sample, options: FuseOptions, seed: int = 0
+                       ) -> tuple[float, np.ndarray]:
+    """(leak, output) of fusing ``src`` wearing clear glasses into ``tgt``
+    (:func:`occluder_leak` against fusing the clean ``src``)."""
+    worn, fp = paste_glasses(src.image, src.landmarks, kind, donor.image, donor.landmarks, seed)
+    out = _fuse(fuser, Sample(worn, src.faces), tgt, options)
+    clean = _fuse(fuser, src, tgt, options)
+    return occluder_leak(out, clean, tgt.image, fp, src.landmarks, tgt.landmarks), out

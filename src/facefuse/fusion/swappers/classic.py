@@ -15,11 +15,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
-from facefuse.fusion import light
+from facefuse.fusion import detail, light, regions, specular
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion import symmetry as sym
@@ -52,6 +54,9 @@ SOURCE_OCCLUDER_EYE_PX = 64.0
 RELIGHT_STRENGTH = 1.0
 
 
+#: The source's working eye distance over the target's (at most the working one).
+SOURCE_OVERSAMPLE = 1.25
+
 #: Faces whose outer eye corners are further apart than this (pixels) are
 #: rendered at a reduced working resolution and the layer upsampled: the cost then
 #: stops growing with face size, and the recogniser's own chip is 150 px anyway.
@@ -65,19 +70,55 @@ def _triangles(points: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 def _crop_scaled(
     image: np.ndarray, landmarks: np.ndarray, margin: float, scale: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """The face's neighbourhood of ``image`` resized by ``scale`` (≤ 1), and the
-    landmarks (N, 3) in that crop's pixel frame."""
+) -> tuple[detail.Scaled, np.ndarray, np.ndarray]:
+    """The face's neighbourhood of ``image`` at full resolution and resized by
+    ``scale`` (≤ 1): ``(crop, small (h, w, 3) uint8, landmarks (N, 3) in the small
+    crop's pixel frame)``."""
     x0, y0, x1, y1 = masks.face_region(landmarks, image.shape, margin)
-    crop = image[y0:y1, x0:x1]
+    full = np.ascontiguousarray(image[y0:y1, x0:x1])
     pts = landmarks.astype(np.float64).copy()
     pts[:, 0] -= x0
     pts[:, 1] -= y0
-    if scale < 1.0:
-        size = (max(1, round((x1 - x0) * scale)), max(1, round((y1 - y0) * scale)))
-        crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
-        pts *= scale
-    return np.ascontiguousarray(crop), pts
+    crop = detail.Scaled(full, _scaled_size(full, scale))
+    if scale >= 1.0:
+        return crop, full, pts
+    small = cv2.resize(full, crop.small, interpolation=cv2.INTER_AREA)
+    return crop, np.ascontiguousarray(small), _to_working(pts, crop)
+
+
+def _without_highlights(crop: detail.Scaled, small: np.ndarray, landmarks: np.ndarray
+                        ) -> tuple[detail.Scaled, np.ndarray]:
+    """The source crop and its working copy with the skin's specular highlights
+    taken out (:mod:`facefuse.fusion.specular`), found at the working scale and
+    applied at both."""
+    small, weight, mean = specular.suppress(small, landmarks)
+    if mean is None:
+        return crop, small
+    if crop.small != crop.size:
+        full = specular.apply(crop.full, detail.upsample(weight, crop.size),
+                              detail.upsample(mean, crop.size))
+    else:
+        full = small
+    return detail.Scaled(full, crop.small), small
+
+
+def _to_working(points: np.ndarray, crop: detail.Scaled) -> np.ndarray:
+    """Points (N, 3) in ``crop``'s full pixel frame → its working frame (pixel
+    centres aligned: x ↔ (x + 0.5)·s − 0.5; depth scaled by the mean ratio)."""
+    sx, sy = crop.ratio
+    out = points.astype(np.float64).copy()
+    out[:, 0] = (out[:, 0] + 0.5) * sx - 0.5
+    out[:, 1] = (out[:, 1] + 0.5) * sy - 0.5
+    out[:, 2] *= 0.5 * (sx + sy)
+    return out
+
+
+def _scaled_size(image: np.ndarray, scale: float) -> tuple[int, int]:
+    """The working (w, h) of ``image`` at ``scale``."""
+    h, w = image.shape[:2]
+    if scale >= 1.0:
+        return w, h
+    return max(1, round(w * scale)), max(1, round(h * scale))
 
 
 #: Per-vertex fields (the relighting gains) are splatted on a grid this many times
@@ -108,6 +149,32 @@ def _vertex_field(values: np.ndarray, points: np.ndarray, size: tuple[int, int],
     field[den < 1e-3] = 1.0
     out: np.ndarray = cv2.resize(field, (w, h), interpolation=cv2.INTER_LINEAR)
     return out
+
+
+@dataclass
+class _Work:
+    """A face rendered at the working scale, (h, w) = the target working image.
+
+    ``face`` (h, w, 3) float32 layer; ``mask`` (h, w) blend mask; ``keep`` the
+    target's occluders (h, w) float32 binary or None; ``beyond`` (when evaluating)
+    the share of the face's pixels with colour from beyond the source's face
+    outline; ``target_layer`` (h, w, 3) the target warped onto the fused mesh;
+    ``target_maps``/``source_maps`` the remap coordinates of the target's and the
+    source's working images; ``valid`` (h, w) bool inside the mesh; ``direct``
+    (h, w) the layer's share of the direct source sample; ``skin`` (h, w) where
+    the skin's tone and detail are measured.
+    """
+
+    face: np.ndarray
+    mask: np.ndarray
+    keep: np.ndarray | None
+    beyond: float | None
+    target_layer: np.ndarray
+    target_maps: tuple[np.ndarray, np.ndarray]
+    source_maps: tuple[np.ndarray, np.ndarray]
+    valid: np.ndarray
+    direct: np.ndarray
+    skin: np.ndarray
 
 
 class ClassicSwapper:
@@ -142,31 +209,46 @@ class ClassicSwapper:
             masks.face_region(dst, target_rgb.shape, 2 * feather),
         )
         x0, y0, x1, y1 = region
-        w, h = x1 - x0, y1 - y0
         scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(tgt_lm)))
-        # Everything below runs in the region's frame at the working scale.
+        # Everything in _layer runs in the region's frame at the working scale.
+        frame = detail.Scaled(np.ascontiguousarray(target_rgb[y0:y1, x0:x1]),
+                              _scaled_size(target_rgb[y0:y1, x0:x1], scale))
+        tgt_img = frame.full
+        if scale < 1.0:
+            tgt_img = cv2.resize(frame.full, frame.small, interpolation=cv2.INTER_AREA)
         origin = np.array([x0, y0, 0.0])
-        tgt_img = target_rgb[y0:y1, x0:x1]
+        tgt_local = _to_working(tgt_lm - origin, frame)
+        dst_local = _to_working(dst - origin, frame)
+        # The source is read at about the target face's working resolution (a
+        # little finer, for the parts a turned target stretches): a much finer source
+        # squeezed by the warp would alias into a texture sharper than the photo's.
+        src_eye = min(self.work_eye_px, SOURCE_OVERSAMPLE * eye_distance(tgt_lm) * scale)
+        src_scale = min(1.0, src_eye / max(1.0, eye_distance(src_lm)))
+        src_crop, src_img, src_local = _crop_scaled(
+            source_rgb, src_lm, 2 * masks.feather_px(src_lm), src_scale)
+        if options.relight and options.texture_weight > 0.0:
+            src_crop, src_img = _without_highlights(src_crop, src_img, src_local)
+        work = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img), tgt_local,
+                           dst_local, feather * frame.ratio[0], options)
+        # Large faces: the target's pixels warped at full resolution, the render's
+        # change and the detail band matched to the photo's.
+        face, mask, keep = work.face, work.mask, work.keep
         if scale < 1.0:
-            small = (max(1, round(w * scale)), max(1, round(h * scale)))
-            tgt_img = cv2.resize(tgt_img, small, interpolation=cv2.INTER_AREA)
-        tgt_local = (tgt_lm - origin) * scale
-        dst_local = (dst - origin) * scale
-        src_scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(src_lm)))
-        src_img, src_local = _crop_scaled(source_rgb, src_lm, 2 * masks.feather_px(src_lm),
-                                          src_scale)
-        face, mask, keep, beyond = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img),
-                                               tgt_local, dst_local, feather * scale, options)
-        if scale < 1.0:
-            face = cv2.resize(face, (w, h), interpolation=cv2.INTER_LINEAR)
-            mask = cv2.resize(mask, (w, h), interpolation=cv2.INTER_LINEAR)
+            # The detail's energy is the skin's: the features' own edges are left out.
+            h, w = tgt_img.shape[:2]
+            skin = work.skin * (1.0 - masks.features_mask(dst_local, (0, 0, w, h),
+                                                          feather * frame.ratio[0]))
+            face = detail.full_resolution_layer(
+                frame, work.target_maps, src_crop, work.source_maps, work.valid, work.face,
+                work.target_layer, work.direct, skin)
+            mask = cv2.resize(mask, frame.size, interpolation=cv2.INTER_LINEAR)
         if keep is not None:
             # At full size the occluder's outline is re-drawn crisp (one pixel of
             # growth covers its anti-aliased edge): its pixels must come back exactly.
             if scale < 1.0:
-                keep = cv2.resize(keep, (w, h), interpolation=cv2.INTER_LINEAR)
+                keep = cv2.resize(keep, frame.size, interpolation=cv2.INTER_LINEAR)
             keep = occ.soften((keep > 0.25).astype(np.float32), 1.0, 0.5)
-        return FaceLayer(region, face, mask, dst, keep, beyond)
+        return FaceLayer(region, face, mask, dst, keep, work.beyond)
 
     def _layer(
         self,
@@ -177,12 +259,9 @@ class ClassicSwapper:
         dst: np.ndarray,
         feather: float,
         options: FuseOptions,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float | None]:
-        """Face layer (h, w, 3) float32, blend mask (h, w), the target's
-        occluders (h, w) float32 binary or None, over the whole of ``tgt_img``,
-        and (when evaluating) the share of the face's pixels with colour from
-        beyond the source's face outline; all coordinates in the frames of the
-        given images."""
+    ) -> _Work:
+        """The working-scale render over the whole of ``tgt_img`` (see :class:`_Work`);
+        all coordinates in the frames of the given images."""
         h, w = tgt_img.shape[:2]
         frame = (0, 0, w, h)
         mesh_dst = dst[:MESH_POINTS, :2]
@@ -190,11 +269,13 @@ class ClassicSwapper:
         w_tex = options.texture_weight
         relight = options.relight and w_tex > 0.0
         src_occ = tgt_occ = None
+        # Facial hair and glasses as regions too, when asked (see FuseOptions).
+        find_occluders = regions.face_occluders if options.hair_and_glasses else occ.occluder_mask
         if options.reject_source_occluders and w_tex > 0.0:
-            src_occ = occ.occluder_mask(
+            src_occ = find_occluders(
                 src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm)))
         if options.keep_target_occluders:
-            tgt_occ = occ.occluder_mask(tgt_img, tgt_lm)
+            tgt_occ = find_occluders(tgt_img, tgt_lm)
         fill = sym.plan_fill(src_lm, dst, tris) if options.symmetric_fill and w_tex > 0 else None
         fill = fill if fill is not None and fill.needed else None
         point_sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
@@ -213,7 +294,9 @@ class ClassicSwapper:
         if tgt_occ is not None:
             mask *= 1.0 - occ.soften(tgt_occ, 1.0, 0.5)
         if w_tex <= 0.0:
-            return target_layer, mask, tgt_occ, 0.0 if options.evaluate else None
+            return _Work(target_layer, mask, tgt_occ, 0.0 if options.evaluate else None,
+                         target_layer, (mx_t, my_t), (mx_s, my_s), valid,
+                         np.zeros(mask.shape, np.float32), mask)
         source_layer = self.pixels.remap(src_img, mx_s, my_s)
         gains = None
         if relight:
@@ -268,6 +351,9 @@ class ClassicSwapper:
             # and inner lips into a closed mouth. The target's closed lips stay.
             alpha *= 1.0 - SOURCE_OPEN_LIPS_KEEP * masks.lips_mask(dst, frame, feather)
         alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, frame, feather)
+        if relight:
+            # The target's own highlights are the scene's light on its face: kept.
+            alpha *= 1.0 - specular.highlights(target_layer, dst)
         # target + alpha * (source - target), in place.
         source_layer -= target_layer
         source_layer *= alpha[..., None]
@@ -278,7 +364,10 @@ class ClassicSwapper:
             beyond = sym.outside_share(
                 [(wt, x, y) for wt, (x, y) in zip(weights, samples, strict=True)],
                 outline, mask > 0)
-        return source_layer, mask, tgt_occ, beyond
+        direct = alpha if fill is None else alpha * np.where(keep > 0, d / np.maximum(keep, 1e-6),
+                                                               0.0).astype(np.float32)
+        return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
+                     (mx_s, my_s), valid, direct, skin)
 
     @staticmethod
     def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,

@@ -4,7 +4,7 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { source: null, target: null, template: "", faces: [], face: 0, caps: null,
-                touched: { shape: false, texture: false }, resultUrl: null };
+                touched: { shape: false, texture: false }, resultUrl: null, zoomed: false };
 
 function authHeaders() {
   const key = $("key").value.trim();
@@ -68,15 +68,16 @@ function showFaces(faces, width, height) {
     button.style.width = (100 * (x1 - x0) / width) + "%";
     button.style.height = (100 * (y1 - y0) / height) + "%";
     button.setAttribute("aria-pressed", String(i === 0));
-    button.setAttribute("aria-label", "Replace face " + (i + 1) + (i === 0 ? " (largest)" : ""));
+    // numbered from 0, largest first: the target_face_index the API takes
+    button.setAttribute("aria-label", "Replace face " + i + (i === 0 ? " (largest)" : ""));
     const tag = document.createElement("span");
-    tag.textContent = String(i + 1);
+    tag.textContent = String(i);
     button.append(tag);
     button.addEventListener("click", () => chooseFace(i));
     box.append(button);
   });
   $("face-note").textContent = faces.length ?
-    faces.length + " face(s) found; face " + (state.face + 1) + " will be replaced." :
+    faces.length + " face(s) found; face " + state.face + " will be replaced." :
     "No face found in the target.";
   ready();
 }
@@ -85,7 +86,7 @@ function chooseFace(i) {
   state.face = i;
   document.querySelectorAll(".face").forEach((b, j) =>
     b.setAttribute("aria-pressed", String(i === j)));
-  $("face-note").textContent = state.faces.length + " face(s) found; face " + (i + 1) +
+  $("face-note").textContent = state.faces.length + " face(s) found; face " + i +
     " will be replaced.";
 }
 
@@ -138,6 +139,16 @@ function fact(list, name, value) {
   list.append(dt, dd);
 }
 
+function showTimings(list, header) {
+  // Server-Timing: "decode;dur=3.1, detect;dur=20.4, ..." -> one row per stage
+  for (const part of header.split(",")) {
+    const [stage, dur] = part.trim().split(";dur=");
+    if (stage && dur !== undefined && stage !== "total") {
+      fact(list, stage + " (ms)", String(Math.round(Number(dur))));
+    }
+  }
+}
+
 async function fuse() {
   const form = new FormData();
   form.append("source", state.source);
@@ -150,28 +161,36 @@ async function fuse() {
   else form.append("target", state.target);
   $("fuse").disabled = true;
   say("Fusing…");
+  const t0 = performance.now();
   try {
     const response = await api(path, { method: "POST", body: form });
     const blob = await response.blob();
+    const roundTrip = performance.now() - t0;
     if (state.resultUrl) URL.revokeObjectURL(state.resultUrl);
     state.resultUrl = URL.createObjectURL(blob);
+    state.fusedFace = state.faces[state.face];
+    $("before").src = $("target-preview").src;
     const img = $("result");
     img.src = state.resultUrl;
-    img.hidden = false;
+    await Promise.all([$("before").decode(), img.decode()]).catch(() => {});
+    $("outcome").hidden = false;
+    layoutZoom();
     const link = $("download");
     link.href = state.resultUrl;
     link.download = "facefuse." + ($("format").value === "jpeg" ? "jpg" : $("format").value);
-    link.hidden = false;
+    const sim = response.headers.get("X-Facefuse-Identity-Similarity");
+    $("similarity").textContent = sim ? Number(sim).toFixed(3) : "–";
+    const timing = response.headers.get("Server-Timing") || "";
+    const total = /(?:^|,)\s*total;dur=([\d.]+)/.exec(timing);
+    $("total").textContent = (total ? Math.round(Number(total[1])) + " ms on the server, " : "") +
+      Math.round(roundTrip) + " ms round trip";
     const facts = $("facts");
     facts.replaceChildren();
-    const sim = response.headers.get("X-Facefuse-Identity-Similarity");
-    if (sim) fact(facts, "identity similarity", Number(sim).toFixed(3));
+    fact(facts, "face", String(state.face) + (state.face === 0 ? " (largest)" : ""));
+    fact(facts, "size", img.naturalWidth + " × " + img.naturalHeight + " px, " +
+      Math.round(blob.size / 1024) + " KiB " + $("format").value);
     fact(facts, "cache", response.headers.get("X-Facefuse-Cache") || "-");
-    const timing = response.headers.get("Server-Timing") || "";
-    fact(facts, "timings (ms)", timing.split(",").map((part) => {
-      const [stage, dur] = part.trim().split(";dur=");
-      return stage + " " + Math.round(Number(dur));
-    }).join(", "));
+    showTimings(facts, timing);
     const prov = state.caps && state.caps.provenance;
     if (prov) {
       fact(facts, "provenance", prov.xmp ?
@@ -184,6 +203,34 @@ async function fuse() {
     say(err.message, true);
   } finally {
     ready();
+  }
+}
+
+function setSplit(value) {
+  // the divider at `value` % from the left: the target before it, the result after it
+  $("compare-stage").style.setProperty("--split", value + "%");
+}
+
+function layoutZoom() {
+  // 1:1 = one image pixel per device pixel, scrolled to the fused face; otherwise fit
+  const stage = $("compare-stage");
+  const view = $("viewport");
+  const img = $("result");
+  const zoom = $("zoom");
+  zoom.setAttribute("aria-pressed", String(state.zoomed));
+  zoom.textContent = state.zoomed ? "Fit to the panel" : "1:1 on the face";
+  view.classList.toggle("zoomed", state.zoomed);
+  if (!state.zoomed || !img.naturalWidth) {
+    stage.style.width = "";
+    return;
+  }
+  const scale = 1 / (window.devicePixelRatio || 1);
+  stage.style.width = (img.naturalWidth * scale) + "px";
+  const face = state.fusedFace;
+  if (face) {
+    const [x0, y0, x1, y1] = face.bbox;
+    view.scrollLeft = Math.max(0, ((x0 + x1) / 2) * scale - view.clientWidth / 2);
+    view.scrollTop = Math.max(0, ((y0 + y1) / 2) * scale - view.clientHeight / 2);
   }
 }
 
@@ -220,5 +267,8 @@ dropZone($("target-drop"), $("target-file"), setTarget);
 $("template").addEventListener("change", (e) => setTemplate(e.target.value));
 ["degree", "shape", "texture"].forEach(slider);
 $("fuse").addEventListener("click", fuse);
+$("compare").addEventListener("input", (e) => setSplit(e.target.value));
+$("zoom").addEventListener("click", () => { state.zoomed = !state.zoomed; layoutZoom(); });
+window.addEventListener("resize", () => state.zoomed && layoutZoom());
 $("key").addEventListener("change", loadCapabilities);
 loadCapabilities();

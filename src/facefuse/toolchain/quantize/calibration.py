@@ -31,7 +31,8 @@ from onnxruntime.quantization import CalibrationDataReader
 
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.faces.detector import FaceDetector, Letterbox
+from facefuse.faces.blazeface import BlazeFaceDetector
+from facefuse.faces.detector_base import Letterbox
 from facefuse.faces.detectors import Detector
 from facefuse.faces.landmarker import EYE_CORNERS
 from facefuse.faces.types import Detection
@@ -238,7 +239,7 @@ def build_stage_data(
     photos: Mapping[str, np.ndarray],
     plan: DataPlan,
     *,
-    detectors: Mapping[str, FaceDetector] | None = None,
+    detectors: Mapping[str, BlazeFaceDetector] | None = None,
     identities: Mapping[str, str] | None = None,
 ) -> StageData:
     """Augment the plan's photos and record every model's real input.

@@ -17,7 +17,7 @@ import numpy as np
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.faces.detector import FaceDetector
+from facefuse.faces.blazeface import BlazeFaceDetector
 from facefuse.faces.landmarker import project
 from facefuse.fusion.engine import FaceFuser
 from facefuse.runtime.files import sha256_file
@@ -122,7 +122,7 @@ class Evaluator:
     def _detections(self, name: str, model: LoadedModel) -> list[tuple[np.ndarray, np.ndarray]]:
         variant: Literal["full", "short"] = (
             "short" if model.spec.extra.get("variant") == "short" else "full")
-        det = FaceDetector(model, score_threshold=self.settings.det_score_threshold,
+        det = BlazeFaceDetector(model, score_threshold=self.settings.det_score_threshold,
                            nms_iou=self.settings.det_nms_iou, variant=variant)
         out: list[tuple[np.ndarray, np.ndarray]] = []
         for item in self.data.detect[name]:

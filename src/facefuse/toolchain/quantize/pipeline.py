@@ -15,7 +15,7 @@
 5. Only variants that passed every gate are written into the manifest as
    ``<model>.int8`` / ``<model>.fp16``; a failure leaves the manifest as it was
    for that model and :meth:`QuantizeOutcome.raise_for_failures` raises
-   :class:`~facefuse.toolchain.quantize.gate.QuantizationGateError` with the figures.
+   :class:`~facefuse.errors.QuantizationGateError` with the figures.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError, QuantizationGateError
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.faces.detector import FaceDetector
+from facefuse.faces.blazeface import BlazeFaceDetector
 from facefuse.runtime.manifest import Manifest, ModelSpec
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.host import describe_line
@@ -256,7 +256,7 @@ class Quantizer:
         analyser = FaceAnalyser(self.ref_settings, self.registry)
         extra = {}
         if "blazeface_short" in self.options.models:
-            extra["blazeface_short"] = FaceDetector(
+            extra["blazeface_short"] = BlazeFaceDetector(
                 self.registry.get("blazeface_short"), variant="short",
                 score_threshold=self.settings.det_score_threshold,
                 nms_iou=self.settings.det_nms_iou)

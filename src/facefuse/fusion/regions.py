@@ -1,0 +1,451 @@
+"""Facial hair and glasses as regions of a face, found from the mesh geometry and
+the face's own skin (no model).
+
+Colour outliers alone miss them: stubble and a thin moustache differ little from
+skin pixel by pixel and break into islands smaller than the occluder rule keeps,
+and a thin frame is a line a pixel or two wide. Here each is looked for only
+where it can be, and judged as a region:
+
+* **Facial hair** (:func:`facial_hair_mask`): inside the beard zone (the upper
+  lip, the chin and the jaw up the cheeks, from the mesh; the lips and nostrils
+  cut out), pixels whose *chromaticity is greyer* than the face's own skin
+  (measured on the upper face, which a beard does not reach), or that are darker
+  than it *and* carry more fine, oriented texture energy (the structure tensor's
+  trace of the high-pass luma, relative to the upper face's) — shading is darker
+  but smooth and more saturated, hair is textured and less so. The pixels are
+  closed into regions (hair is strands with skin between); only regions that
+  cover a good part of the philtrum or the chin's middle are facial hair (it
+  grows there; smile folds and jaw shading lie to the sides), and all of them
+  together must exceed :data:`MIN_HAIR_AREA` of the face.
+* **Glasses** (:func:`glasses_mask`): thin dark ridges (a morphological
+  black-hat, wider than a frame and narrower than a brow) in a ring around each
+  eye, over the nose bridge and out to the temples, kept only as connected curves
+  that wind around an eye by at least :data:`FRAME_MIN_SPAN` degrees (a wrinkle
+  or a lid crease does not); within the rims found, bright and grey lens
+  reflections join the mask.
+
+:func:`face_regions` is the union, on the face's crop, at the scale of the
+occluder masks (:func:`facefuse.fusion.occlusion.occluder_mask` with regions).
+
+Images (H, W, 3) RGB uint8 or float 0..255; landmarks (N, 3) pixels in the same
+frame; masks (H, W) float32 in {0, 1}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import cv2
+import numpy as np
+
+from facefuse.faces import topology as topo
+from facefuse.fusion import occlusion as occ
+from facefuse.fusion.geometry import eye_distance
+
+#: Beard zone: below a top edge at this height (0 at the eyes, 1 at the mouth
+#: line) in the face's middle, rising by BEARD_TOP_RISE at its sides.
+BEARD_TOP = 0.62
+BEARD_TOP_RISE = 0.3
+#: Skin reference vertices lie above this height (eyes 0, mouth 1).
+UPPER_FACE = 0.55
+#: A pixel greyer than the skin by this share of the way to grey is hair.
+HAIR_GREYER = 0.3
+#: ... or darker by this much (natural log of the luma ratio) and this much more
+#: textured (natural log of the energy ratio).
+HAIR_DARKER = 0.12
+HAIR_TEXTURE = 1.0
+#: Hair is judged this many eye distances (beyond the lips' own margin) away
+#: from the lips; a region found is then grown up to them.
+LIP_MARGIN = 0.01
+#: Facial hair is looked for at no more than this eye distance (pixels).
+HAIR_EYE_PX = 96.0
+#: Facial-hair regions smaller than this share of the face's area are dropped.
+MIN_HAIR_AREA = 0.006
+#: The philtrum (the upper lip's middle) and the chin's middle: |side| below
+#: CORE_SIDE, the chin's from CHIN_CORE down. A facial-hair region must cover at
+#: least CORE_COVER of one of them.
+CORE_SIDE = 0.3
+CHIN_CORE = 1.2
+CORE_COVER = 0.3
+#: Upper-lip polygon between the nostrils and the outer upper lip.
+_UPPER_LIP = (98, 2, 327, 291, 409, 270, 269, 267, 0, 37, 39, 40, 185, 61)
+
+
+def _axes(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pixel face coordinates (H, W) float32: height ``t`` (0 on the eye line,
+    1 on the mouth line, along the face's own down axis) and side ``s`` (-1..1
+    across the face outline's width)."""
+    a = lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0)
+    b = lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0)
+    across = (b - a) / max(1e-6, float(np.linalg.norm(b - a)))
+    down = np.array([-across[1], across[0]])
+    mid = 0.5 * (a + b)
+    mouth = max(1.0, float((lm[list(topo.MOUTH_CORNERS), :2].mean(0) - mid) @ down))
+    proj = (lm[list(topo.FACE_OVAL), :2] - mid) @ across
+    half = max(1.0, 0.5 * float(proj.max() - proj.min()))
+    centre = 0.5 * float(proj.max() + proj.min())
+    yy, xx = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float32)
+    px, py = xx - np.float32(mid[0]), yy - np.float32(mid[1])
+    t = (px * np.float32(down[0]) + py * np.float32(down[1])) / np.float32(mouth)
+    s = (px * np.float32(across[0]) + py * np.float32(across[1]) - np.float32(centre)) \
+        / np.float32(half)
+    return t, s
+
+
+def beard_zone(lm: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(H, W) bool: where facial hair can be — inside the face outline, below the
+    beard line (:data:`BEARD_TOP`), plus the upper lip; not the lips or nostrils."""
+    t, s = _axes(lm, shape)
+    face = occ.outline_mask(lm, shape) > 0.5
+    zone = face & (t > BEARD_TOP - BEARD_TOP_RISE * np.clip(np.abs(s), 0, 1) ** 2)
+    lip = np.zeros(shape, np.uint8)
+    cv2.fillPoly(lip, [np.round(lm[list(_UPPER_LIP), :2]).astype(np.int32)], 255)
+    zone |= (lip > 0) & face
+    # Hair grows to the lips' edge: only the lips themselves and the nostrils are cut.
+    lips = np.zeros(shape, np.uint8)
+    cv2.fillPoly(lips, [np.round(lm[list(topo.LIPS_OUTER), :2]).astype(np.int32)], 1)
+    out: np.ndarray = zone & (lips == 0) & (occ.feature_masks(lm, shape)[5] == 0)
+    return out
+
+
+def _luma(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = x @ np.array([0.299, 0.587, 0.114], np.float32)
+    return out
+
+
+def hair_features(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                               np.ndarray] | None:
+    """(greyness, darkness, texture) (H, W) float32 each, relative to the face's
+    upper-face skin; None when too little of it is in the image.
+
+    greyness: the share of the way from the skin's chromaticity to grey (0 skin,
+    1 grey; negative: more saturated); darkness: ``log(skin luma / luma)``;
+    texture: ``log`` of the fine structure-tensor energy over the skin's."""
+    h, w = image.shape[:2]
+    d = eye_distance(lm)
+    idx = occ.skin_vertices(lm)
+    t, _ = _axes(lm, (h, w))
+    xy = np.round(lm[idx, :2]).astype(np.int64)
+    ok = (xy[:, 0] >= 0) & (xy[:, 0] < w) & (xy[:, 1] >= 0) & (xy[:, 1] < h)
+    xy = xy[ok]
+    xy = xy[t[xy[:, 1], xy[:, 0]] < UPPER_FACE]
+    if len(xy) < 12:
+        return None
+    x = image.astype(np.float32)
+    b = cv2.GaussianBlur(x, (0, 0), max(0.7, 0.02 * d))
+    luma = _luma(b)
+    total = b.sum(-1) + 3.0
+    r, g = (b[..., 0] + 1.0) / total, (b[..., 1] + 1.0) / total
+    skin_r = float(np.median(r[xy[:, 1], xy[:, 0]]))
+    skin_g = float(np.median(g[xy[:, 1], xy[:, 0]]))
+    skin_l = float(np.median(luma[xy[:, 1], xy[:, 0]]))
+    to_grey = np.array([1.0 / 3.0 - skin_r, 1.0 / 3.0 - skin_g])
+    span = max(1e-3, float(np.linalg.norm(to_grey)))
+    u = to_grey / span
+    grey = ((r - skin_r) * np.float32(u[0]) + (g - skin_g) * np.float32(u[1])) / np.float32(span)
+    dark = np.log(np.float32(skin_l + 4.0) / (luma + 4.0))
+    # Oriented fine texture: the structure tensor's trace of the high-pass luma.
+    fine = _luma(x)
+    fine = fine - cv2.GaussianBlur(fine, (0, 0), 1.0)
+    gx = cv2.Sobel(fine, cv2.CV_32F, 1, 0, ksize=3)
+    gy = cv2.Sobel(fine, cv2.CV_32F, 0, 1, ksize=3)
+    energy = np.asarray(cv2.GaussianBlur(gx * gx + gy * gy, (0, 0), max(1.0, 0.03 * d)),
+                        np.float32) / np.maximum(luma, np.float32(8.0)) ** 2
+    skin_e = max(1e-9, float(np.median(energy[xy[:, 1], xy[:, 0]])))
+    texture = np.log(np.maximum(energy, 1e-12) / np.float32(skin_e))
+    return grey.astype(np.float32), dark.astype(np.float32), texture.astype(np.float32)
+
+
+def _on_box(image: np.ndarray, lm: np.ndarray, box: tuple[int, int, int, int],
+            scale: float, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """``fn`` on the ``box`` (x0, y0, x1, y1) of ``image`` resized by ``scale`` ≤ 1,
+    its (h, w) mask brought back (nearest, > 0.5) into an (H, W) float32 mask."""
+    h, w = image.shape[:2]
+    x0, y0 = max(0, box[0]), max(0, box[1])
+    x1, y1 = min(w, box[2]), min(h, box[3])
+    out = np.zeros((h, w), np.float32)
+    if x1 - x0 < 8 or y1 - y0 < 8:
+        return out
+    crop = image[y0:y1, x0:x1]
+    local = np.asarray(lm, np.float64).copy()
+    local[:, 0] -= x0
+    local[:, 1] -= y0
+    if scale < 1.0:
+        size = (max(8, round((x1 - x0) * scale)), max(8, round((y1 - y0) * scale)))
+        crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
+        local[:, :2] *= (size[0] / (x1 - x0), size[1] / (y1 - y0))
+        local[:, 2] *= scale
+    m = fn(np.ascontiguousarray(crop), local)
+    if scale < 1.0:
+        m = cv2.resize(m, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
+    out[y0:y1, x0:x1] = m > 0.5
+    return out
+
+
+def facial_hair_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """(H, W) float32 in {0, 1}: the beard, moustache and stubble of the face
+    ``lm`` in ``image`` (see the module doc); found at no more than
+    :data:`HAIR_EYE_PX` (it is a large soft region)."""
+    h, w = image.shape[:2]
+    scale = min(1.0, HAIR_EYE_PX / max(1.0, eye_distance(lm)))
+    return _on_box(image, lm, (0, 0, w, h), scale, _facial_hair)
+
+
+def _facial_hair(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """:func:`facial_hair_mask` at the image's own scale."""
+    h, w = image.shape[:2]
+    out = np.zeros((h, w), np.float32)
+    feats = hair_features(image, lm)
+    if feats is None:
+        return out
+    grey, dark, texture = feats
+    d = eye_distance(lm)
+    full = beard_zone(lm, (h, w))
+    # The lips' edge is shaded and lined: hair is judged a little away from it,
+    # and a region found reaches it afterwards.
+    zone = full & ~occ.grow(occ.feature_masks(lm, (h, w))[4], LIP_MARGIN * d)
+    hair = zone & ((grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE)))
+    d = eye_distance(lm)
+    binary = hair.astype(np.uint8)
+    binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_CLOSE, occ.disc(0.04 * d)), np.uint8)
+    binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_OPEN, occ.disc(0.02 * d)), np.uint8)
+    binary &= zone.astype(np.uint8)
+    # Facial hair grows over the middle of the face: a region that covers neither
+    # the philtrum nor the chin's middle is a fold or shading, not a beard.
+    t, s = _axes(lm, (h, w))
+    lip = np.zeros((h, w), np.uint8)
+    cv2.fillPoly(lip, [np.round(lm[list(_UPPER_LIP), :2]).astype(np.int32)], 1)
+    cores = [(lip > 0) & zone & (np.abs(s) < CORE_SIDE),
+             zone & (np.abs(s) < CORE_SIDE) & (t > CHIN_CORE)]
+    n, labels = cv2.connectedComponents(binary, connectivity=8)
+    keep = np.zeros(n, bool)
+    for core in cores:
+        if core.sum() < 4:
+            continue
+        hits = np.bincount(labels[core], minlength=n) / float(core.sum())
+        keep |= hits >= CORE_COVER
+    keep[0] = False
+    found = keep[labels]
+    if found.any():
+        found |= occ.grow(found.astype(np.uint8), (LIP_MARGIN + 0.04) * d) & full & ~zone
+    out[found] = 1.0
+    area = max(1.0, float((occ.outline_mask(lm, (h, w)) > 0.5).sum()))
+    if out.sum() < MIN_HAIR_AREA * area:
+        out[:] = 0.0
+    return out
+
+
+#: Lens ring around each eye's centre: half-axes (eye distances) of its outer edge;
+#: the eye itself (grown by RING_EYE_CLEAR) is cut out.
+RING_AXES = (0.36, 0.28)
+RING_EYE_CLEAR = 0.03
+#: Black-hat radius (eye distances): dark lines thinner than twice this respond.
+FRAME_HAT = 0.05
+#: A ridge pixel is this much darker (share of the closed luma) than around it.
+FRAME_CONTRAST = 0.2
+#: A rim winds around its eye by at least this many degrees (in 10-degree bins).
+FRAME_MIN_SPAN = 120.0
+#: Ridge pieces spanning fewer degrees around an eye than this are specks.
+FRAME_PIECE_SPAN = 30.0
+#: The eye band examined for glasses: the eyes, brows, temples and nose tip's
+#: bounding box grown by this many eye distances.
+GLASSES_BOX_MARGIN = 0.15
+#: The nose-bridge band: from BRIDGE_RISE eye distances above the inner eye
+#: corners' line to BRIDGE_DROP below it; a frame's bridge spans BRIDGE_SPAN of
+#: the width between the corners.
+BRIDGE_RISE = 0.22
+BRIDGE_DROP = 0.05
+BRIDGE_SPAN = 0.5
+#: ... counted in bins of this many eye distances across.
+BRIDGE_BIN = 0.02
+#: A fitted rim's centre lies within RIM_CENTRE_SLACK eye distances of the eye's,
+#: its half-axes between RIM_AXES.
+RIM_CENTRE_SLACK = 0.2
+RIM_AXES = (0.08, 0.45)
+#: At least RIM_ON_ELLIPSE of a rim's pixels lie within RIM_BAND eye distances of
+#: the fitted ellipse.
+RIM_ON_ELLIPSE = 0.6
+RIM_BAND = 0.04
+#: Lens reflections: brighter than the skin by this luma ratio and this much greyer.
+REFLECTION_BRIGHTER = 1.12
+REFLECTION_GREYER = 0.4
+
+
+def _eye_frames(lm: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per eye: (centre (2,), [across, down] unit axes (2, 2)) of the face."""
+    a = lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0)
+    b = lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0)
+    across = (b - a) / max(1e-6, float(np.linalg.norm(b - a)))
+    axes = np.stack([across, np.array([-across[1], across[0]])])
+    return [(a, axes), (b, axes)]
+
+
+def glasses_zone(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(zone (H, W) bool, per-eye rings (H, W) bool): where a frame can be — the
+    lens rings around the eyes, the nose bridge between them and the temples out
+    to the face outline — inside the outline, not on the eyes or brows."""
+    d = eye_distance(lm)
+    h, w = shape
+    face = occ.outline_mask(lm, shape) > 0.5
+    feats = occ.feature_masks(lm, shape)
+    eyes = occ.grow(np.maximum(feats[0], feats[1]), RING_EYE_CLEAR * d)
+    brows = np.maximum(feats[2], feats[3]) > 127
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    rings = []
+    band = np.zeros(shape, bool)
+    for c, ax in _eye_frames(lm):
+        px, py = xx - np.float32(c[0]), yy - np.float32(c[1])
+        u = (px * np.float32(ax[0, 0]) + py * np.float32(ax[0, 1])) / np.float32(RING_AXES[0] * d)
+        v = (px * np.float32(ax[1, 0]) + py * np.float32(ax[1, 1])) / np.float32(RING_AXES[1] * d)
+        rings.append((u * u + v * v <= 1.0) & face & ~eyes & ~brows)
+        band |= (np.abs(v) < 0.6) & (np.abs(u) < 3.0)
+    zone = (rings[0] | rings[1] | (band & face)) & ~eyes & ~brows
+    return zone, rings
+
+
+def _span(mask: np.ndarray, centre: np.ndarray, axes: np.ndarray) -> float:
+    """Degrees (in 10-degree bins) that the pixels of ``mask`` cover around ``centre``."""
+    ys, xs = np.nonzero(mask)
+    if len(xs) == 0:
+        return 0.0
+    p = np.stack([xs - centre[0], ys - centre[1]], 1) @ axes.T
+    bins = ((np.degrees(np.arctan2(p[:, 1], p[:, 0])) + 180.0) // 10).astype(np.int64) % 36
+    return 10.0 * float(np.unique(bins).size)
+
+
+def _bridge(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, float]:
+    """(band (H, W) bool, its width in pixels): the nose bridge between the inner
+    eye corners, from a little below the eye line up to the brows' lower edge."""
+    d = eye_distance(lm)
+    a, b = lm[topo.EYE_INNER[0], :2], lm[topo.EYE_INNER[1], :2]
+    (_, ax), _ = _eye_frames(lm)
+    mid = 0.5 * (a + b)
+    h, w = shape
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    px, py = xx - np.float32(mid[0]), yy - np.float32(mid[1])
+    u = px * np.float32(ax[0, 0]) + py * np.float32(ax[0, 1])
+    v = px * np.float32(ax[1, 0]) + py * np.float32(ax[1, 1])
+    half = 0.5 * float(np.linalg.norm(b - a))
+    band = (np.abs(u) < half) & (v > -BRIDGE_RISE * d) & (v < BRIDGE_DROP * d)
+    return band, 2.0 * half
+
+
+def _fit_rim(rim: np.ndarray, centre: np.ndarray, d: float) -> tuple[
+        tuple[float, float], tuple[float, float], float] | None:
+    """The ellipse (cv2 form) through a rim's pixels ((H, W) bool), refitted once
+    on the pixels near the first fit; None when it is not a lens around the eye
+    ``centre`` or too few of the pixels lie on it (:data:`RIM_ON_ELLIPSE`)."""
+    ys, xs = np.nonzero(rim)
+    pts = np.stack([xs, ys], 1).astype(np.float32)
+    fit = None
+    for _ in range(2):
+        if len(pts) < 8:
+            return None
+        fit = cv2.fitEllipse(pts)
+        band = np.zeros(rim.shape, np.uint8)
+        cv2.ellipse(band, fit, 255, max(1, round(2 * RIM_BAND * d)))
+        on = band[ys, xs] > 0
+        pts = np.stack([xs[on], ys[on]], 1).astype(np.float32)
+    assert fit is not None
+    (cx, cy), (a, b), _ = fit
+    if np.hypot(cx - centre[0], cy - centre[1]) > RIM_CENTRE_SLACK * d:
+        return None
+    if not (RIM_AXES[0] * d <= min(a, b) / 2 and max(a, b) / 2 <= RIM_AXES[1] * d):
+        return None
+    if len(pts) < RIM_ON_ELLIPSE * len(xs):
+        return None
+    return (float(cx), float(cy)), (float(a), float(b)), float(fit[2])
+
+
+def glasses_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """(H, W) float32 in {0, 1}: the frames (and lens reflections) of the glasses
+    the face ``lm`` wears in ``image``, or all 0 (see the module doc). Only the
+    band of the eyes, brows and temples is examined."""
+    d = eye_distance(lm)
+    idx = list(topo.EYE_IMAGE_LEFT + topo.EYE_IMAGE_RIGHT + topo.BROW_IMAGE_LEFT
+               + topo.BROW_IMAGE_RIGHT + (topo.FACE_EDGE_IMAGE_LEFT, topo.FACE_EDGE_IMAGE_RIGHT,
+                                          topo.NOSE_TIP))
+    pts = np.asarray(lm, np.float64)[idx, :2]
+    m = GLASSES_BOX_MARGIN * d
+    box = (int(pts[:, 0].min() - m), int(pts[:, 1].min() - m),
+           int(np.ceil(pts[:, 0].max() + m)), int(np.ceil(pts[:, 1].max() + m)))
+    return _on_box(image, lm, box, 1.0, _glasses)
+
+
+def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """:func:`glasses_mask` on the image cropped to the eye band."""
+    h, w = image.shape[:2]
+    out = np.zeros((h, w), np.float32)
+    d = eye_distance(lm)
+    zone, rings = glasses_zone(lm, (h, w))
+    bridge, bridge_w = _bridge(lm, (h, w))
+    luma = _luma(image.astype(np.float32))
+    closed = cv2.morphologyEx(luma, cv2.MORPH_CLOSE, occ.disc(FRAME_HAT * d))
+    contrast = (closed - luma) / (closed + 8.0)
+    ridge = (contrast > FRAME_CONTRAST) & zone
+    if not ridge.any():
+        return out
+    n, labels = cv2.connectedComponents(ridge.astype(np.uint8), connectivity=8)
+    # A frame crosses the nose bridge: its ridge (a thin one may be dashed) covers
+    # most of the bridge's width.
+    (_, ax), _ = _eye_frames(lm)
+    ys, xs = np.nonzero(bridge & ridge)
+    u = xs * ax[0, 0] + ys * ax[0, 1]
+    step = max(1.0, BRIDGE_BIN * d)
+    covered = np.unique(np.floor(u / step)).size * step if len(u) else 0.0
+    if covered < BRIDGE_SPAN * bridge_w:
+        return out
+    pieces = np.zeros(n, bool)
+    rims = []
+    for ring, (c, axes) in zip(rings, _eye_frames(lm), strict=True):
+        inside = ridge & ring
+        # Pieces of a rim, not specks: each winds a little around the eye.
+        for k in np.unique(labels[inside]):
+            if k and _span(inside & (labels == k), c, axes) >= FRAME_PIECE_SPAN:
+                pieces[k] = True
+        rim = inside & pieces[labels]
+        if _span(rim, c, axes) < FRAME_MIN_SPAN:
+            return out
+        fit = _fit_rim(rim, c, d)
+        if fit is None:
+            return out
+        rims.append((fit, rim))
+    # The rims, and what connects to them (the bridge, the temples).
+    binary = (ridge & pieces[labels]).astype(np.uint8)
+    grown = cv2.dilate(binary, occ.disc(0.02 * d)) > 0
+    keep = np.zeros(n, bool)
+    keep[np.unique(labels[grown & ridge])] = True
+    keep[0] = False
+    out[keep[labels]] = 1.0
+    # Where the rim runs under a brow or beside an eye the ridge test is blind:
+    # the fitted ellipse, as thick as the rim measured, is the frame there too.
+    canvas = np.zeros((h, w), np.uint8)
+    for fit, rim in rims:
+        dist = cv2.distanceTransform(rim.astype(np.uint8), cv2.DIST_L2, 3)
+        thick = max(1, round(2.0 * float(np.percentile(dist[rim], 90))))
+        cv2.ellipse(canvas, fit, 255, thick, cv2.LINE_AA)
+    out[canvas > 127] = 1.0
+    # The rim's anti-aliased edge is the frame's too.
+    out = np.asarray(cv2.dilate(out, occ.disc(1.0)), np.float32)
+    feats = hair_features(image, lm)
+    if feats is not None:
+        grey, dark, _ = feats
+        lens = rings[0] | rings[1]
+        shine = lens & (dark < -np.log(REFLECTION_BRIGHTER)) & (grey > REFLECTION_GREYER)
+        out[shine] = 1.0
+    return out
+
+def _regions_and_occluders(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.maximum.reduce([occ.occluders_on_crop(image, lm),
+                                         facial_hair_mask(image, lm), glasses_mask(image, lm)])
+    return out
+
+
+def face_occluders(image: np.ndarray, landmarks: np.ndarray, *,
+                   scale: float = 1.0) -> np.ndarray:
+    """(H, W) float32: :func:`facefuse.fusion.occlusion.occluder_mask` together
+    with the face's facial hair (and glasses) regions, on the same crop and scale:
+    what of the face is not its skin, to be kept on a target and rejected from a
+    source."""
+    return occ.on_face_crop(image, np.asarray(landmarks, np.float64), _regions_and_occluders,
+                            scale=scale)
