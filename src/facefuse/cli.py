@@ -253,6 +253,7 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
         run_batch,
         write_report,
     )
+    from facefuse.batch_signals import FirstInterruptStops
     from facefuse.errors import InvalidArgumentError
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.mapping import parse_cli_pair
@@ -263,7 +264,8 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
     out_dir = Path(args.out_dir)
     suffix = "jpg" if args.format == "jpeg" else args.format
     if args.pairs:
-        jobs = collect_pairs(Path(args.pairs), out_dir, suffix)
+        jobs = collect_pairs(Path(args.pairs), out_dir, suffix,
+                             allow_outside=args.allow_outside_out_dir)
     else:
         if not args.images:
             raise InvalidArgumentError("--targets needs at least one SOURCE image")
@@ -277,7 +279,7 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[rate]:.2f}/s"), TimeRemainingColumn())
-    with Progress(*columns, disable=args.no_progress) as bar:
+    with Progress(*columns, disable=args.no_progress) as bar, FirstInterruptStops() as stop:
         task = bar.add_task("fusing", total=len(jobs), rate=0.0)
         t0 = time.perf_counter()
 
@@ -287,13 +289,16 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
 
         report = run_batch(fuser, jobs, _fuse_options(args), OutputPolicy.from_settings(settings),
                            quality=args.quality, mapping=mapping, n_jobs=args.jobs,
-                           overwrite=args.overwrite, progress=tick)
+                           overwrite=args.overwrite, progress=tick, stop=stop.event)
     if args.json_report:
         write_report(report, Path(args.json_report))
+    stopped = f", stopped with {report.not_started} not started" if stop.event.is_set() else ""
     print(f"{len(report.done)} fused, {len(report.skipped)} already done, "
-          f"{len(report.failed)} failed in {report.seconds:.1f}s -> {out_dir}")
+          f"{len(report.failed)} failed in {report.seconds:.1f}s{stopped} -> {out_dir}")
     for f in report.failed:
         print(f"  failed[{f['code']}]: {f['target']}: {f['message']}", file=sys.stderr)
+    if stop.event.is_set():
+        return 130
     return 1 if report.failed else 0
 
 
@@ -442,6 +447,8 @@ def _add_fuse_parser(sub: Any) -> None:
     f.add_argument("--jobs", type=int, default=1, help="batch: targets fused at a time "
                    "(memory grows with it; default 1)")
     f.add_argument("--overwrite", action="store_true", help="batch: redo existing outputs")
+    f.add_argument("--allow-outside-out-dir", action="store_true",
+                   help="batch: let --pairs outputs be absolute or outside --out-dir")
     f.add_argument("--json-report", metavar="JSON", help="batch: write done/skipped/failed")
     f.add_argument("--no-progress", action="store_true", help="batch: no progress bar")
     _fusion_flags(f)

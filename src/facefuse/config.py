@@ -96,6 +96,10 @@ class Settings:
     redis_ttl_s: int = 3600
     #: Redis connect/command timeout, seconds (a cache slower than computing is useless).
     redis_timeout_s: float = 0.1
+    #: ``tenant``: each API key (by label) has its own L1 and L2 entries, so a cache hit
+    #: never tells one tenant what another uploaded; ``shared``: one cache for all keys
+    #: (one tenant, or tenants that trust each other). Without API keys: shared.
+    cache_scope: Literal["tenant", "shared"] = "tenant"
     #: L1 analysis cache bound (decoded-image analyses), bytes.
     l1_cache_bytes: int = 32 * 1024 * 1024
     #: In-process L2 result cache bound (when no Redis), bytes.
@@ -181,8 +185,12 @@ class Settings:
     c2pa_key: Path | None = None
 
     # --- templates (see docs/api.md) ---------------------------------------------------
-    #: ``file`` (under ``templates_dir``, one replica) or ``redis`` (``redis_url``, shared).
+    #: ``file`` (under ``templates_dir``, one replica) or ``redis`` (``templates_redis_url``,
+    #: shared by replicas).
     templates_backend: Literal["file", "redis"] = "file"
+    #: The Redis of the template store: templates are user data, so a Redis of their
+    #: own (``maxmemory-policy noeviction``, ``appendonly yes``), never the L2 cache's.
+    templates_redis_url: str = field(default="", repr=False)
     #: Where the file backend keeps templates; default ``<home>/templates``.
     templates_dir: Path | None = None
     #: Most templates stored, and most bytes (images + analyses) over all of them.
@@ -311,6 +319,8 @@ class Settings:
             (s.debug_batch_delay_ms >= 0, "debug_batch_delay_ms must be >= 0"),
             (0.005 <= s.label_scale <= 0.25, "label_scale must be in 0.005..0.25"),
             (0 < len(s.label_text) <= 64, "label_text must be 1..64 characters"),
+            (s.cache_scope in ("tenant", "shared"),
+             f"cache_scope must be tenant|shared, not {s.cache_scope!r}"),
             (s.templates_backend in ("file", "redis"),
              f"templates_backend must be file|redis, not {s.templates_backend!r}"),
             (s.templates_max_count >= 1 and s.templates_max_bytes >= 1,
@@ -323,6 +333,16 @@ class Settings:
             (s.jobs_max_queued >= 1 and s.jobs_ttl_s >= 1 and s.jobs_timeout_s >= 1
              and s.jobs_max_tries >= 1 and s.jobs_heartbeat_s >= 1,
              "jobs_* settings must be >= 1"),
+            (not s.templates_redis_url or s.templates_redis_url.startswith(
+                ("redis://", "rediss://", "unix://")),
+             "templates_redis_url must start with redis://, rediss:// or unix://"),
+            (s.templates_backend != "redis" or bool(s.templates_redis_url),
+             "templates_backend=redis needs templates_redis_url (a Redis of its own, with "
+             "noeviction and appendonly: the L2 cache's Redis evicts)"),
+            (not s.templates_redis_url or _redis_target(s.templates_redis_url)
+             != _redis_target(s.redis_url),
+             "templates_redis_url must not be the L2 cache's redis_url: under the cache's "
+             "eviction policy templates would be evicted"),
         ]
 
 
@@ -344,7 +364,15 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 #: String fields that are keywords, so case does not matter.
 _ENUM_FIELDS = frozenset({"precision", "detector", "log_level", "io_binding", "pixel_backend",
-                          "templates_backend", "label_corner"})
+                          "templates_backend", "label_corner", "cache_scope"})
+
+
+def _redis_target(url: str) -> tuple[str, int, str]:
+    """(host, port, database) a Redis URL points at, passwords left out."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return (u.hostname or u.path, u.port or 6379, u.path.strip("/") or "0")
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

@@ -241,6 +241,27 @@ class TemplateNotFoundError(FacefuseError):
     exit_code = 2
 
 
+class TemplateDamagedError(FacefuseError):
+    """A template whose stored record failed its checks (hash, format, bounds) or
+    vanished from under its listing; it was set aside (quarantined) and is gone.
+
+    Refined code: ``template_lost`` (the record is missing: evicted or wiped).
+    """
+
+    code = "template_damaged"
+    http_status = 410
+    exit_code = 2
+
+
+class TemplateExistsError(FacefuseError):
+    """The image is registered already, with another name or metadata (ids are
+    content addresses: delete the template first to register it again)."""
+
+    code = "template_exists"
+    http_status = 409
+    exit_code = 2
+
+
 class TemplateStoreFullError(FacefuseError):
     """The template store is at its bound (count or bytes); delete one first."""
 

@@ -52,12 +52,17 @@ def test_compose_file_follows_the_compose_specification() -> None:
 
     resolved = json.loads(proc.stdout)
     assert resolved["name"] == "facefuse"
-    assert set(resolved["services"]) == {"models", "facefuse-1", "facefuse-2", "redis", "nginx",
-                                         "prometheus", "grafana"}
+    assert set(resolved["services"]) == {"models", "facefuse-1", "facefuse-2", "redis",
+                                         "redis-templates", "nginx", "prometheus", "grafana"}
     for name in ("facefuse-1", "facefuse-2"):  # the shared block, as compose merges it
         svc = resolved["services"][name]
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
         assert svc["depends_on"]["models"]["condition"] == "service_completed_successfully"
+        # Both replicas share one template store, on a Redis that keeps it.
+        assert svc["environment"]["FACEFUSE_TEMPLATES_BACKEND"] == "redis"
+        assert "redis-templates" in svc["environment"]["FACEFUSE_TEMPLATES_REDIS_URL"]
+    store = " ".join(resolved["services"]["redis-templates"]["command"])
+    assert "noeviction" in store and "--appendonly yes" in store
 
 
 @pytest.mark.parametrize("mutation", ["unknown_key", "bad_restart", "bad_port"])

@@ -7,7 +7,9 @@ the settings it tests) seen through an HTTP client holding the user API key;
 ``redis_server`` starts the Debian ``redis-server`` binary (installed by
 ``scripts/install-system-deps.sh``, which ``make test`` runs) on a free loopback
 port, with persistence off and its files in a temporary directory, and yields a
-:class:`RedisServer` handle that can kill, restart, pause and resume it.
+:class:`RedisServer` handle that can kill, stop, restart, pause and resume it.
+``redis_factory`` makes more, each with its own directory and extra arguments
+(``("--appendonly", "yes")`` for a persistent one).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -57,9 +59,10 @@ def _redis_ping(port: int, timeout: float = 0.2) -> bool:
 class RedisServer:
     """A redis-server process on ``127.0.0.1:<port>``; the port survives restarts."""
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    def __init__(self, binary: str, workdir: Path, args: tuple[str, ...] = ()) -> None:
         self.binary = binary
         self.workdir = workdir
+        self.extra = args
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "redis.log"
@@ -88,6 +91,7 @@ class RedisServer:
             str(self.log_path),
             "--protected-mode",
             "yes",
+            *self.extra,
         ]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         end = time.monotonic() + timeout
@@ -113,6 +117,32 @@ class RedisServer:
         self.proc.wait(timeout=10)
         self.proc = None
 
+    def stop(self) -> None:
+        """SIGTERM: a clean shutdown (a persistent server writes its files first)."""
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def info(self, section: str) -> dict[str, str]:
+        """``INFO <section>`` as a dict (through a plain socket)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(f"INFO {section}\r\n".encode())
+            data = b""
+            while b"\r\n" not in data:
+                data += s.recv(65536)
+            head, _, data = data.partition(b"\r\n")
+            size = int(head[1:])  # a bulk string: $<length>
+            while len(data) < size + 2:
+                data += s.recv(65536)
+        out = {}
+        for line in data[:size].decode().splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                out[key] = value
+        return out
+
     def pause(self) -> None:
         """SIGSTOP: the port stays open but nothing answers (a 'slow' Redis)."""
         assert self.proc is not None
@@ -123,17 +153,42 @@ class RedisServer:
         os.kill(self.proc.pid, signal.SIGCONT)
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A fresh redis-server on a free loopback port, stopped after the test."""
+def _redis_binary() -> str:
     binary = shutil.which("redis-server") or (
         "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
     )
     if binary is None:
         pytest.fail("redis-server is not installed: run `bash scripts/install-system-deps.sh`")
-    server = RedisServer(binary, tmp_path)
+    return binary
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server on a free loopback port, stopped after the test."""
+    server = RedisServer(_redis_binary(), tmp_path)
     server.start()
     try:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture
+def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """``make(*args)``: another started redis-server (own directory, extra arguments,
+    which may override the defaults: the last ``--save`` / ``--appendonly`` wins)."""
+    made: list[RedisServer] = []
+
+    def make(*args: str) -> RedisServer:
+        workdir = tmp_path / f"redis-{len(made)}"
+        workdir.mkdir()
+        server = RedisServer(_redis_binary(), workdir, args)
+        made.append(server)
+        server.start()
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in made:
+            server.kill()

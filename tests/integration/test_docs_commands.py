@@ -42,7 +42,8 @@ MAPPING_BOX = (410, 80, 560, 260)
 PHOTOS = {"me.jpg": "obama", "poster.jpg": "biden", "alice.jpg": "obama2", "bob.jpg": "biden",
           "photo.jpg": "obama3", "source.jpg": "obama", "target.jpg": "biden",
           "posters/biden.jpg": "biden", "posters/obama3.jpg": "obama3",
-          "more/astronaut.png": "astronaut"}
+          "more/astronaut.png": "astronaut", "them.jpg": "biden",
+          "a.jpg": "obama", "b.jpg": "obama2"}
 
 
 def test_every_example_is_classified() -> None:

@@ -31,8 +31,10 @@ def key(n: int) -> str:
 
 
 async def test_two_instances_share_entries(redis_server: RedisServer) -> None:
-    writer = RedisResultCache(redis_server.url, ttl_s=60)
-    reader = RedisResultCache(redis_server.url, ttl_s=60)
+    # A generous timeout: the first command of a process (connection handshake) on a
+    # loaded machine can pass the production 0.1 s, and this test is about sharing.
+    writer = RedisResultCache(redis_server.url, ttl_s=60, socket_timeout=1.0)
+    reader = RedisResultCache(redis_server.url, ttl_s=60, socket_timeout=1.0)
     try:
         assert await reader.get(key(1)) is None
         assert await writer.put(key(1), VALUE)
@@ -96,14 +98,25 @@ async def test_killed_redis_degrades_logs_once_and_recovers(
         # Between probes the cache does not touch the network: one error for 21 calls.
         assert cache.errors == 1
 
-        # Not yet due: probe() does nothing.
-        clock.now += 4.9
-        assert await cache.probe() is False
-        assert cache.errors == 1
-        # Due, still down: one failed probe, no new warning.
+        # Not yet due (the first re-probe waits 0.25 s): probe() does nothing.
         clock.now += 0.2
         assert await cache.probe() is False
+        assert cache.errors == 1
+        # Due, still down: one failed probe, no new warning; the next wait doubles.
+        clock.now += 0.1
+        assert await cache.probe() is False
         assert cache.errors == 2
+        clock.now += 0.4
+        assert await cache.probe() is False
+        assert cache.errors == 2
+        clock.now += 0.2
+        assert await cache.probe() is False
+        assert cache.errors == 3
+        # The backoff stops growing at retry_interval_s.
+        for _ in range(8):
+            clock.now += 5.0
+            assert await cache.probe() is False
+        assert cache.errors == 11
 
         redis_server.start()  # same port, empty (no persistence)
         assert await cache.get(key(6)) is None  # probe not due yet: still degraded

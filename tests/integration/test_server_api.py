@@ -374,6 +374,27 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
     assert (r.status_code, error_of(r)) == (status, code), r.text
 
 
+def test_parts_are_bounded_and_json_fields_are_never_coerced(
+    client: httpx.Client, photos: dict[str, bytes]
+) -> None:
+    from facefuse.serving.inputs import MAX_PARTS
+
+    files = {"source": ("s.jpg", photos["obama"]), "target": ("t.jpg", photos["biden"])}
+    extra = {f"x{i}": "1" for i in range(MAX_PARTS - 1)}  # 33 parts with the two images
+    r = client.post("/v1/fuse", files=files, data=extra)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", r.text
+    assert str(MAX_PARTS) in r.json()["error"]["message"]
+    # In JSON a mapping is a list; the JSON-string form exists for multipart only.
+    body = {"source": base64.b64encode(photos["obama"]).decode(),
+            "target": base64.b64encode(photos["biden"]).decode(),
+            "mapping": '[{"source": 0, "target": 0}]'}
+    r = client.post("/v1/fuse", json=body)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_argument", r.text
+    assert "mapping" in r.json()["error"]["message"]
+    r = client.post("/v1/fuse", json={**body, "mapping": [{"source": 0, "target": 0}]})
+    assert r.status_code == 200, r.text
+
+
 def test_faces_of_a_photo_without_a_face_is_an_empty_list(client: httpx.Client) -> None:
     r = client.post("/v1/faces", files={"image": ("n.jpg", _no_face_jpeg())})
     assert r.status_code == 200 and r.json()["faces"] == []

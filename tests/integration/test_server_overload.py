@@ -109,3 +109,46 @@ def test_graceful_shutdown_answers_every_request_in_flight(
         assert '"drained": true' in log
     finally:
         proc.kill()
+
+
+def test_one_request_is_never_refused_by_its_own_images(
+        slow: ServerProcess, sample_images: dict[str, np.ndarray]) -> None:
+    """Source and target the same fresh large photo (scanned whole and in tiles: many
+    detector items each) on a two-item queue, the server otherwise idle: 200, and no
+    unretrieved task exception in the log."""
+    import io
+
+    from PIL import Image
+
+    # A small face on a large canvas: missed by the whole-image pass, found in tiles.
+    canvas = Image.new("RGB", (4000, 3000), (120, 130, 140))
+    canvas.paste(Image.fromarray(sample_images["obama"]).resize((480, 600)), (1700, 1200))
+    buf = io.BytesIO()
+    canvas.save(buf, "JPEG", quality=85)
+    big = buf.getvalue()
+    with slow.client() as c:
+        r = c.post("/v1/fuse", files={"source": ("s.jpg", big), "target": ("t.jpg", big)})
+    assert r.status_code == 200, r.text
+    assert "never retrieved" not in slow.log_tail(200_000)
+
+
+def test_in_flight_refusals_are_counted_under_their_route(
+    settings: Settings, model_dir: Path, tmp_path: Path, images: list[bytes]
+) -> None:
+    env = {**SLOW, "FACEFUSE_MAX_INFLIGHT": "1", "FACEFUSE_MAX_QUEUE_SIZE": "64"}
+    proc = ServerProcess(settings.home, tmp_path, env, name="inflight").start()
+    try:
+        def one(image: bytes) -> httpx.Response:
+            with proc.client() as c:
+                return faces(c, image)
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(one, images[:4]))
+        refused = [r for r in answers if r.status_code == 503]
+        assert refused and all("in flight" in r.json()["error"]["message"] for r in refused)
+        with proc.client() as c:
+            counts = metric_values(c.get("/metrics").text, "facefuse_http_requests_total")
+        assert counts.get('{method="POST",route="/v1/faces",status="503"}') == len(refused)
+        assert not any('route="unmatched"' in k for k in counts), counts
+    finally:
+        assert proc.stop() in GRACEFUL_EXIT, proc.log_tail()

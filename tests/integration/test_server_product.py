@@ -250,7 +250,9 @@ def test_replicas_share_templates_through_redis(settings: Settings, model_dir: P
                                                 redis_server: RedisServer,
                                                 sample_paths: dict[str, Path],
                                                 tmp_path: Path) -> None:
-    env = {"FACEFUSE_TEMPLATES_BACKEND": "redis", "FACEFUSE_REDIS_URL": redis_server.url,
+    # The template store's own Redis (here: the only one; no L2 Redis).
+    env = {"FACEFUSE_TEMPLATES_BACKEND": "redis",
+           "FACEFUSE_TEMPLATES_REDIS_URL": redis_server.url,
            "FACEFUSE_TEMPLATES_MAX_COUNT": "5", "FACEFUSE_RELOAD_POLL_S": "0",
            # no keys: admin routes open (where admin routes are closed by default)
            "FACEFUSE_ADMIN_OPEN": "true"}

@@ -86,3 +86,49 @@ def test_l2_is_shared_across_processes_and_survives_a_redis_outage(
 
         metrics = ca.get("/metrics").text
         assert 'facefuse_cache_healthy{level="l2"} 1.0' in metrics
+
+
+def test_one_state_change_per_outage_and_templates_back_at_once(
+    settings: Settings, model_dir: Path, redis_factory: Any, tmp_path: Path,
+    sample_images: dict[str, np.ndarray], sample_paths: dict[str, Path],
+) -> None:
+    """Many pooled connections when Redis dies: after it is back, L2 goes from
+    unavailable to reachable exactly once (no flapping), and the template routes on
+    their own Redis answer at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_harness import ADMIN_TOKEN
+
+    l2, templates = redis_factory(), redis_factory("--appendonly", "yes",
+                                                   "--maxmemory-policy", "noeviction")
+    server = ServerProcess(settings.home, tmp_path, {
+        "FACEFUSE_REDIS_URL": l2.url, "FACEFUSE_REDIS_TIMEOUT_S": "0.2",
+        "FACEFUSE_ADMIN_KEYS": f"ops:{ADMIN_TOKEN}", "FACEFUSE_TEMPLATES_BACKEND": "redis",
+        "FACEFUSE_TEMPLATES_REDIS_URL": templates.url}, name="flap").start()
+    photos = photo_variants(sample_images, 6, seed=21)
+
+    def burst(c: httpx.Client, degree: int) -> list[int]:
+        with ThreadPoolExecutor(6) as pool:
+            return list(pool.map(lambda p: c.post("/v1/fuse", files={
+                "source": ("s.jpg", p), "target": ("t.jpg", photos[0])},
+                data={"degree": str(degree)}).status_code, photos))
+
+    try:
+        with server.client(ADMIN_TOKEN) as c:
+            tid = c.post("/v1/templates", files={"image": (
+                "t.jpg", sample_paths["obama"].read_bytes())}).json()["id"]
+            assert burst(c, 60) == [200] * 6
+            l2.kill()
+            templates.stop()
+            assert burst(c, 61) == [200] * 6
+            l2.start()
+            templates.start()
+            assert c.get(f"/v1/templates/{tid}").status_code == 200
+            for degree in range(62, 66):
+                assert burst(c, degree) == [200] * 6
+                assert c.get("/readyz").json()["status"] == "ready"
+    finally:
+        assert server.stop() in GRACEFUL_EXIT, server.log_tail()
+    log = server.log_tail(400_000)
+    assert log.count("redis cache unavailable") == 1, log[-4000:]
+    assert log.count("redis cache reachable again") == 1, log[-4000:]

@@ -1,10 +1,11 @@
-"""The deployment topology, live on loopback: nginx → two replicas → one Redis, and
-Prometheus scraping both, with the nginx config, alert rules and dashboard shipped
-in deploy/.
+"""The deployment topology, live on loopback: nginx → two replicas → one Redis cache
+and one template-store Redis, and Prometheus scraping both, with the nginx config,
+alert rules and dashboard shipped in deploy/.
 
 One test walks through the stack's promises in order (starting five servers once is
 most of the cost): load is spread over both replicas; a result computed by one is an
-L2 hit on the other; ``kill -9`` of a replica under load loses no request and the
+L2 hit on the other; a template registered through nginx is there on both replicas;
+``kill -9`` of a replica under load loses no request and the
 restarted replica takes traffic again; a SIGTERM rolling restart of both under load
 loses no request; Prometheus scrapes both, and every expression of the alert rules
 and of the Grafana dashboard returns data. Every process is stopped at the end, also
@@ -124,11 +125,15 @@ def wait_serving(server: ServerProcess, load: Load, timeout: float = 30) -> None
 
 
 @pytest.fixture
-def stack(redis_server: Any, sample_images: dict[str, np.ndarray], settings: Any,
-          model_dir: Path, tmp_path: Path) -> Iterator[tuple[Nginx, list[ServerProcess],
-                                                              Prometheus]]:
+def stack(redis_server: Any, redis_factory: Any, sample_images: dict[str, np.ndarray],
+          settings: Any, model_dir: Path, tmp_path: Path
+          ) -> Iterator[tuple[Nginx, list[ServerProcess], Prometheus]]:
+    # As deploy/compose: a cache Redis, and a template store Redis of its own.
+    templates = redis_factory("--maxmemory-policy", "noeviction", "--appendonly", "yes")
     env = {"FACEFUSE_REDIS_URL": redis_server.url, "FACEFUSE_SHUTDOWN_GRACE_S": "20",
-           "FACEFUSE_MODELS_DIR": str(model_dir), "FACEFUSE_RELOAD_POLL_S": "0"}
+           "FACEFUSE_MODELS_DIR": str(model_dir), "FACEFUSE_RELOAD_POLL_S": "0",
+           "FACEFUSE_TEMPLATES_BACKEND": "redis", "FACEFUSE_TEMPLATES_REDIS_URL": templates.url,
+           "FACEFUSE_ADMIN_OPEN": "true"}
     replicas = [ServerProcess(settings.home, tmp_path, env, name=f"replica{i}") for i in (1, 2)]
     with ExitStack() as stack:
         for server in replicas:
@@ -176,6 +181,17 @@ def test_stack(stack: tuple[Nginx, list[ServerProcess], Prometheus],
     assert first.headers["x-facefuse-cache"] == "miss"
     assert second.headers["x-facefuse-cache"] == "hit"
     assert first.content == second.content
+
+    # 2b. Templates through nginx: registered on one replica, there on both.
+    with httpx.Client(base_url=nginx.url, timeout=60) as client:
+        r = client.post("/v1/templates", files={"image": ("t.jpg", photos[0], "image/jpeg")})
+        assert r.status_code == 201, r.text
+        tid = r.json()["id"]
+        assert all(client.get(f"/v1/templates/{tid}").status_code == 200 for _ in range(6))
+    for server in (a, b):
+        assert httpx.get(f"{server.url}/v1/templates/{tid}", timeout=30).status_code == 200
+        assert httpx.get(f"{server.url}/readyz", timeout=30).json()["checks"][
+            "templates_durable"] is True
 
     # 3. kill -9 of a replica under load: nginx retries on the other, nothing is lost.
     with Load(nginx.url, pairs[12:], first_degree=20) as load:

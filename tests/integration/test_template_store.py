@@ -119,3 +119,50 @@ def test_redis_down_is_a_typed_503(redis_server, make_template) -> None:  # type
             await s.close()
 
     asyncio.run(go())
+
+
+def test_redis_records_are_verified_quarantined_and_losses_counted(
+        redis_factory, make_template) -> None:  # type: ignore[no-untyped-def]
+    import redis as redis_client
+
+    from facefuse.errors import TemplateDamagedError
+
+    server = redis_factory("--maxmemory-policy", "noeviction", "--appendonly", "yes")
+    a, b = make_template("obama"), make_template("biden")
+    direct = redis_client.Redis(port=server.port)
+
+    async def go() -> None:
+        s = RedisTemplateStore(server.url, max_count=5, max_bytes=10_000_000)
+        try:
+            assert (await s.health()).durable is True
+            await s.put(a)
+            await s.put(b)
+            key = RedisTemplateStore.PREFIX + a.id
+            direct.set(key, direct.get(key)[:-100])  # cut short
+            with pytest.raises(TemplateDamagedError) as exc:
+                await s.get(a.id)
+            assert exc.value.code == "template_damaged" and exc.value.http_status == 410
+            assert direct.exists(RedisTemplateStore.QUARANTINE + a.id)
+            direct.delete(RedisTemplateStore.PREFIX + b.id)  # gone from under its listing
+            assert await s.list() == []
+            assert s.incidents == {"damaged": 1, "lost": 1}
+            direct.flushall()  # a wipe under a running server
+            await s.health()
+            assert s.incidents["lost"] == 2
+        finally:
+            await s.close()
+
+    asyncio.run(go())
+    direct.close()
+
+
+def test_a_file_store_on_tmpfs_says_it_is_not_durable() -> None:
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this machine")
+    with tempfile.TemporaryDirectory(dir=shm) as volatile:
+        on_tmpfs = asyncio.run(FileTemplateStore(Path(volatile) / "tpl", max_count=1,
+                                                 max_bytes=1).health())
+    assert (on_tmpfs.durable, "tmpfs" in on_tmpfs.reason) == (False, True)

@@ -353,3 +353,61 @@ async def test_one_callers_items_enter_together_whatever_the_queue_bound(
     rows = await many
     assert [float(r[0].reshape(-1)[0]) for r in rows] == [2.0 * i for i in range(10)]
     await b.drain(10)
+
+
+async def test_one_requests_groups_never_overflow_the_queue_for_each_other(
+    executor: ThreadPoolExecutor,
+) -> None:
+    """Three images of one request (three groups of three items, same owner) on a
+    two-item queue: all served; another request arriving meanwhile is refused."""
+    gate = threading.Event()
+    rec = Recorder(gate)
+    b = MicroBatcher("rec", rec, executor=executor, max_batch_size=4, max_queue_size=2)
+    request, other = object(), object()
+    try:
+        first = asyncio.ensure_future(b.submit(item(100)))
+        await wait_until(rec.started.is_set, "first batch started")
+        groups = [asyncio.ensure_future(
+            b.submit_many([item(10 * g + i) for i in range(3)], owner=request))
+            for g in range(3)]
+        await wait_until(lambda: b.queue_depth == 9, "nine items of one request queued")
+        with pytest.raises(OverloadedError):
+            await b.submit_many([item(99)], owner=other)
+    finally:
+        gate.set()
+    await first
+    for g, group in enumerate(groups):
+        rows = await group
+        assert [float(r[0].reshape(-1)[0]) for r in rows] == [2.0 * (10 * g + i)
+                                                             for i in range(3)]
+    await b.drain(10)
+
+
+async def test_a_failed_group_leaves_no_unretrieved_exception(
+    executor: ThreadPoolExecutor, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch error reaching several waiting items of one caller, and a caller with a
+    deadline cancelled while its items wait (a sibling image of its request failed):
+    nothing is logged as 'never retrieved'."""
+    import gc
+
+    def boom(x: np.ndarray) -> np.ndarray:
+        raise RuntimeError("model failed")
+
+    b = MicroBatcher("rec", boom, executor=executor, max_batch_size=2, max_queue_size=8)
+    with pytest.raises(RuntimeError):
+        await b.submit_many([item(i) for i in range(5)])
+    gate = threading.Event()
+    slow = MicroBatcher("slow", Recorder(gate), executor=executor, max_batch_size=1)
+    waiting = asyncio.ensure_future(slow.submit_many([item(i) for i in range(3)],
+                                                     deadline=time.monotonic() + 60))
+    await wait_until(lambda: slow.queue_depth == 2, "items queued behind the first")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    gate.set()
+    await b.drain(10)
+    await slow.drain(10)
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "never retrieved" not in caplog.text

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from facefuse.faces import topology as topo
 from facefuse.faces.types import Face
+from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import (
     euler_angles,
     fit_similarity_3d,
@@ -93,3 +96,41 @@ def test_relative_pose_of_a_rotated_mesh(analysed_faces: dict[str, Face]) -> Non
     c = lm.mean(0)
     turned = (lm - c) @ rotation(20, -10, 5).T + c
     assert np.allclose(relative_pose(lm, turned), (20, -10, 5), atol=1e-6)
+
+
+@pytest.mark.parametrize("turn_deg", [90.0, 180.0, 270.0, 35.0])
+def test_head_pose_yaw_and_pitch_do_not_depend_on_roll(
+        analysed_faces: dict[str, Face], turn_deg: float) -> None:
+    """The same mesh turned in the image plane (a photo upside down or on its side):
+    the same yaw and pitch, the roll turned by as much."""
+    from facefuse.fusion.geometry import head_pose
+
+    for name in ("obama", "astronaut"):
+        lm = np.asarray(analysed_faces[name].landmarks, np.float64)
+        centre = lm[:, :2].mean(axis=0)
+        a = np.radians(turn_deg)
+        rot = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+        turned = lm.copy()
+        turned[:, :2] = (lm[:, :2] - centre) @ rot.T + centre
+        (yaw, pitch, roll), (yaw_t, pitch_t, roll_t) = head_pose(lm), head_pose(turned)
+        assert abs(yaw_t - yaw) < 1e-6 and abs(pitch_t - pitch) < 1e-6
+        assert abs((roll_t - roll - turn_deg + 180) % 360 - 180) < 1e-6
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_exif_orientation_of_a_target_fuses(
+        fuser: FaceFuser, sample_paths: dict[str, Path], tmp_path: Path,
+        orientation: int) -> None:
+    """An upright photo tagged with each EXIF orientation decodes turned or mirrored:
+    its face is found and fused in all eight, never refused as a profile."""
+    from PIL import Image
+
+    target = tmp_path / f"o{orientation}.jpg"
+    with Image.open(sample_paths["astronaut"]) as im:
+        exif = im.getexif()
+        exif[0x0112] = orientation
+        im.convert("RGB").save(target, quality=92, exif=exif)
+    from facefuse.imaging.decode import decode_image
+
+    result = fuser.fuse(sample_paths["obama"], target)
+    assert result.image.shape == decode_image(target).shape

@@ -72,17 +72,24 @@ def relative_pose(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
 def head_pose(landmarks: np.ndarray) -> tuple[float, float, float]:
     """Approximate absolute (yaw, pitch, roll) in degrees from the mesh alone.
 
-    Yaw from the depth difference of the two face edges, pitch from the depth
-    difference of forehead and chin, roll from the eye line; 0 is frontal.
+    Roll from the eye line; yaw from the depth difference of the two face edges and
+    pitch from that of forehead and chin, both measured in the face's own frame (the
+    image plane turned by ``-roll``), so a face upside down or on its side in the
+    photo has the yaw and pitch it would have upright. 0 is frontal.
     """
     lm = np.asarray(landmarks, np.float64)
-    left, right = lm[topo.FACE_EDGE_IMAGE_LEFT], lm[topo.FACE_EDGE_IMAGE_RIGHT]
-    top, bottom = lm[topo.FOREHEAD], lm[topo.CHIN]
+    eye_l, eye_r = lm[topo.EYE_OUTER[0]], lm[topo.EYE_OUTER[1]]
+    roll_rad = math.atan2(eye_r[1] - eye_l[1], eye_r[0] - eye_l[0])
+    c, s = math.cos(roll_rad), math.sin(roll_rad)
+
+    def upright(p: np.ndarray) -> tuple[float, float, float]:
+        return c * p[0] + s * p[1], -s * p[0] + c * p[1], float(p[2])
+
+    left, right = upright(lm[topo.FACE_EDGE_IMAGE_LEFT]), upright(lm[topo.FACE_EDGE_IMAGE_RIGHT])
+    top, bottom = upright(lm[topo.FOREHEAD]), upright(lm[topo.CHIN])
     yaw = math.degrees(math.atan2(right[2] - left[2], right[0] - left[0]))
     pitch = math.degrees(math.atan2(bottom[2] - top[2], bottom[1] - top[1]))
-    eye_l, eye_r = lm[topo.EYE_OUTER[0]], lm[topo.EYE_OUTER[1]]
-    roll = math.degrees(math.atan2(eye_r[1] - eye_l[1], eye_r[0] - eye_l[0]))
-    return yaw, pitch, roll
+    return yaw, pitch, math.degrees(roll_rad)
 
 
 def _ratio(lm: np.ndarray, a: tuple[int, int], b: tuple[int, int]) -> float:

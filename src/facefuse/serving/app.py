@@ -31,7 +31,7 @@ from facefuse.errors import FacefuseError, InvalidArgumentError
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.budget import MemoryBudget, budget_bytes, current_rss_bytes
 from facefuse.serving.cache.results import InProcessResultCache, RedisResultCache, ResultCache
-from facefuse.serving.heap import release_free_heap
+from facefuse.serving.heap import release_free_heap, trim_when_idle
 from facefuse.serving.http_errors import install_error_handlers
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.middleware import RequestContextMiddleware
@@ -92,6 +92,22 @@ def request_pool_bytes(settings: Settings) -> int:
 # --- lifespan -------------------------------------------------------------------------------
 
 
+async def _check_templates(svc: Services) -> str:
+    """The template store's state for the start-up line; a warning when it is not
+    durable (what /readyz and ``facefuse_template_store_durable`` also say)."""
+    if svc.templates is None:
+        return "none"
+    health = await svc.templates.health()
+    if not health.reachable:
+        log.warning("template store unreachable: %s", health.reason)
+        return f"{svc.templates.kind} unreachable"
+    if health.durable is False:
+        log.warning("template store is not durable: %s", health.reason,
+                    extra={"fields": {"templates": svc.templates.kind}})
+        return f"{svc.templates.kind} not durable"
+    return f"{svc.templates.kind} ok"
+
+
 def _lifespan(
     registry: ModelRegistry | None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
@@ -123,13 +139,18 @@ def _lifespan(
         svc.metrics.register_cache("l1", pipeline.l1)
         svc.metrics.set_models(svc.model_rows())
         l2_state = f"{svc.l2.kind} " + ("ok" if await svc.l2.ping() else "unreachable (degraded)")
+        templates_state = await _check_templates(svc)
         watcher: asyncio.Task[None] | None = None
         if settings.reload_poll_s > 0:
             watcher = asyncio.create_task(watch_models(svc), name="model-watcher")
+        # After a burst, the freed image buffers go back to the system.
+        trimmer = asyncio.create_task(trim_when_idle(lambda: (svc.inflight, svc.answered)),
+                                      name="heap-trimmer")
 
         log.info("facefuse ready", extra={"fields": {
             "startup_s": round(time.monotonic() - t0, 2), "models": pipeline.model_versions,
-            "l2": l2_state, "batching": settings.batching, "auth": svc.keys.enabled,
+            "l2": l2_state, "templates": templates_state, "batching": settings.batching,
+            "auth": svc.keys.enabled,
             "max_batch_size": settings.max_batch_size,
             "max_queue_delay_ms": settings.max_queue_delay_ms,
             "memory_budget_mb": budget_bytes(settings) >> 20, "request_pool_mb": pool >> 20}})
@@ -137,6 +158,9 @@ def _lifespan(
             yield
         finally:
             svc.draining = True
+            trimmer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trimmer
             if watcher is not None:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -183,6 +207,7 @@ def create_app(
                    templates=templates or build_template_store(settings),
                    budget=MemoryBudget(request_pool_bytes(settings), settings.memory_wait_s))
     svc.metrics.register_cache("l2", svc.l2)
+    svc.metrics.templates = svc.templates
     app = FastAPI(title="facefuse", version=__version__, description=DESCRIPTION,
                   lifespan=_lifespan(registry))
     app.state.services = svc

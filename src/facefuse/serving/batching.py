@@ -17,9 +17,10 @@ Bounded everything:
 * the queue is bounded per *request*: :meth:`MicroBatcher.submit_many` puts all the
   items of one caller in at once (one per face of a photo) and is refused with
   :class:`~facefuse.errors.OverloadedError` (HTTP 503) only when ``max_queue_size``
-  items are already waiting. A group is never refused for its own size, so a
-  photo with many faces is served on an idle server; the queue can exceed the
-  bound by at most one group;
+  items *of other callers* are already waiting. A group is never refused for its
+  own size, nor for the items its own request (``owner``: all the images of one
+  request) queued before it, so a request admitted on an idle server is never
+  refused by its own images; the queue can exceed the bound by one request's items;
 * a per-request ``deadline`` (``time.monotonic()`` seconds) raises
   :class:`~facefuse.errors.DeadlineExceededError` (HTTP 504); an item whose
   deadline passed before its batch started is dropped, not computed;
@@ -87,6 +88,7 @@ class _Item:
     future: asyncio.Future[list[np.ndarray]]
     enqueued: float
     deadline: float | None
+    owner: object | None = None
     key: tuple[tuple[int, ...], np.dtype[np.generic]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -217,7 +219,8 @@ class MicroBatcher:
         return (await self.submit_many([x], deadline=deadline))[0]
 
     async def submit_many(
-        self, xs: Sequence[np.ndarray], *, deadline: float | None = None
+        self, xs: Sequence[np.ndarray], *, deadline: float | None = None,
+        owner: object | None = None,
     ) -> list[list[np.ndarray]]:
         """Queue the model inputs of one caller together and wait for all their outputs.
 
@@ -225,14 +228,16 @@ class MicroBatcher:
             xs: inputs, each WITHOUT the batch dimension (e.g. ``(3, 150, 150)``
                 float32). Items of different shape or dtype are never stacked together.
             deadline: ``time.monotonic()`` seconds after which the caller gives up.
+            owner: the request these items belong to (any object, compared by
+                identity): its own queued items never count against the bound.
 
         Returns:
             Per input, one array per model output: row ``i`` of each output of its
             batch (a copy, so it does not pin the batch's memory).
 
         Raises:
-            OverloadedError: ``max_queue_size`` items are already waiting, or the
-                batcher is draining.
+            OverloadedError: ``max_queue_size`` items of other owners are already
+                waiting, or the batcher is draining.
             DeadlineExceededError: ``deadline`` passed first.
             Exception: whatever ``run_batch`` raised, for every caller of that batch.
         """
@@ -246,24 +251,26 @@ class MicroBatcher:
         now = time.monotonic()
         if deadline is not None and deadline <= now:
             raise DeadlineExceededError(f"{self.name}: deadline passed before queueing")
-        if len(self._queue) >= self.max_queue_size:
+        others = len(self._queue) if owner is None else sum(
+            1 for queued in self._queue if queued.owner is not owner)
+        if others >= self.max_queue_size:
             raise OverloadedError(
                 f"{self.name}: queue full ({self.max_queue_size} items); retry later"
             )
         loop = asyncio.get_running_loop()
-        items = [_Item(x=x, future=loop.create_future(), enqueued=now, deadline=deadline)
-                 for x in xs]
+        items = [_Item(x=x, future=loop.create_future(), enqueued=now, deadline=deadline,
+                       owner=owner) for x in xs]
         self._queue.extend(items)
         self._depth_changed()
         self._wakeup.set()
-        waiting = asyncio.gather(*(item.future for item in items))
         try:
-            if deadline is None:
-                return await waiting
-            return await asyncio.wait_for(waiting, timeout=deadline - now)
+            # Each future awaited in turn (no gather: no aggregate future whose
+            # exception could go unretrieved when the caller leaves first).
+            async with asyncio.timeout(None if deadline is None else deadline - now):
+                return [await item.future for item in items]
         except TimeoutError:
             if deadline is not None and time.monotonic() >= deadline:
-                # wait_for gave up, not a TimeoutError from run_batch
+                # the deadline passed, not a TimeoutError from run_batch
                 raise DeadlineExceededError(f"{self.name}: deadline exceeded") from None
             raise
         finally:

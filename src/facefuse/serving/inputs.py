@@ -105,6 +105,9 @@ async def _read_multipart(
     body = await request.body()
     if b"--" + boundary + b"--" not in body:
         raise BadRequestError("the multipart body is truncated (no closing boundary)")
+    # Every part starts with the delimiter, and so does the close: counted before parsing.
+    if body.count(b"--" + boundary) - 1 > MAX_PARTS:
+        raise BadRequestError(f"the multipart body has more than {MAX_PARTS} parts")
     form = await request.form(max_files=len(names) + 1, max_fields=MAX_PARTS)
     images: dict[str, bytes] = {}
     fields = RequestFields()
@@ -207,11 +210,13 @@ def _b64(name: str, value: str) -> bytes:
 def validate_params(model: type[P], fields: dict[str, Any]) -> P:
     """``model`` from raw fields; errors become one ``invalid_argument`` naming the fields.
 
-    Fields that came as JSON (:attr:`RequestFields.typed`) are validated strictly.
+    Fields that came as JSON (:attr:`RequestFields.typed`) are validated strictly;
+    validators see ``info.context["typed"]`` (e.g. a JSON-encoded string stands for a
+    list only in multipart, where every field is text).
     """
     strict = isinstance(fields, RequestFields) and fields.typed
     try:
-        return model.model_validate(dict(fields), strict=strict)
+        return model.model_validate(dict(fields), strict=strict, context={"typed": strict})
     except ValidationError as exc:
         raise InvalidArgumentError(describe_errors(exc.errors())) from None
 

@@ -18,6 +18,10 @@ Exported series (names operators already know from Triton / Ray Serve):
 * ``facefuse_cache_hit_ratio{level}`` — hits / lookups since start
 * ``facefuse_cache_bytes{level}`` — bytes held (in-process caches)
 * ``facefuse_cache_healthy{level}`` — 1, or 0 while the L2 backend is down
+* ``facefuse_template_store_durable`` — 1 when the template store keeps what it
+  acknowledged (never evicts, persists), 0 when not, at its last health check
+* ``facefuse_template_store_incidents_total{kind}`` — templates ``lost`` (record gone,
+  store wiped) or ``damaged`` (quarantined), seen by this process
 * ``facefuse_process_resident_memory_bytes`` — VmRSS, read at scrape time
 * ``facefuse_process_peak_resident_memory_bytes`` — VmHWM (peak RSS), read at scrape time
 * ``facefuse_model_info{name,version,precision,provider}`` — 1 per loaded model
@@ -39,7 +43,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -83,6 +87,16 @@ class HasCacheStats(Protocol):
     """Anything with a ``stats()`` snapshot: ByteLRU, InProcessResultCache, RedisResultCache."""
 
     def stats(self) -> CacheStats: ...
+
+
+class HasTemplateHealth(Protocol):
+    """What the metrics read of a template store."""
+
+    @property
+    def incidents(self) -> dict[str, int]: ...
+
+    @property
+    def last_health(self) -> Any: ...
 
 
 class ModelInfo(Protocol):
@@ -177,6 +191,21 @@ class _ScrapeCollector(Collector):
             size.add_metric([level], held)
             healthy.add_metric([level], ok)
         yield from (requests, evictions, ratio, size, healthy)
+        store = self._metrics.templates
+        if store is not None:
+            health = store.last_health
+            if health is not None and health.durable is not None:
+                yield GaugeMetricFamily(
+                    "facefuse_template_store_durable",
+                    "1 when the template store never evicts and persists, else 0.",
+                    value=1 if health.durable else 0)
+            incidents = CounterMetricFamily(
+                "facefuse_template_store_incidents",
+                "Templates lost (record gone, store wiped) or damaged (quarantined).",
+                labels=["kind"])
+            for kind in ("lost", "damaged"):
+                incidents.add_metric([kind], store.incidents.get(kind, 0))
+            yield incidents
 
 
 class Metrics:
@@ -248,6 +277,8 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._depths: dict[str, int] = {}
+        #: The template store whose health and incidents are exported (None: none).
+        self.templates: HasTemplateHealth | None = None
         self._caches: dict[str, list[HasCacheStats]] = {}
         self._lock = threading.Lock()
         self._scrape = _ScrapeCollector(self)

@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 from starlette.requests import ClientDisconnect
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from facefuse.errors import (
@@ -64,6 +65,8 @@ class RequestContextMiddleware:
         self.app = app
         self.svc = services
         self.inflight = 0
+        #: The app's path templates, for requests refused before routing (built once).
+        self._paths: list[tuple[re.Pattern[str], str]] | None = None
         self.gauge = Gauge("facefuse_http_requests_in_flight",
                            "Requests being processed now.", registry=services.metrics.registry)
 
@@ -114,6 +117,7 @@ class RequestContextMiddleware:
                 return
             if limited:
                 self.inflight += 1
+                self.svc.inflight = self.inflight
                 counted = True
                 self.gauge.set(self.inflight)
             await _until_disconnect(self.app(scope, replay, send_wrapper), reader,
@@ -131,6 +135,8 @@ class RequestContextMiddleware:
             reader.release()
             if counted:
                 self.inflight -= 1
+                self.svc.inflight = self.inflight
+                self.svc.answered += 1
                 self.gauge.set(self.inflight)
             self._finish(scope, status, time.monotonic() - t0)
             request_id_var.reset(token)
@@ -141,8 +147,9 @@ class RequestContextMiddleware:
                              f"server busy: {why}; retry later")(scope, receive, send)
 
     def _finish(self, scope: Scope, status: int, seconds: float) -> None:
-        route = scope.get("route")
-        template = getattr(route, "path", None) or "unmatched"
+        if self._paths is None and scope.get("route") is None and "app" in scope:
+            self._paths = _documented_paths(scope["app"])
+        template = _route_template(scope, self._paths or [])
         method = scope.get("method", "GET")
         self.svc.metrics.observe_request(template, method, status, seconds)
         state = scope.get("state", {})
@@ -155,6 +162,27 @@ class RequestContextMiddleware:
             access_log.debug("%s %s %d", method, template, status, extra={"fields": fields})
         else:
             access_log.info("%s %s %d", method, template, status, extra={"fields": fields})
+
+
+def _route_template(scope: Scope, paths: list[tuple[re.Pattern[str], str]]) -> str:
+    """The route template of a request (``/v1/templates/{template}``), also for one
+    refused here before routing ran (in-flight bound, draining, body errors), matched
+    against ``paths`` (the app's documented path templates); ``unmatched`` when none
+    has that path."""
+    routed = getattr(scope.get("route"), "path", None)
+    if routed:
+        return str(routed)
+    path = scope.get("path", "")
+    return next((template for regex, template in paths if regex.match(path)), "unmatched")
+
+
+def _documented_paths(app: Any) -> list[tuple[re.Pattern[str], str]]:
+    """(regex, template) of every path in the app's OpenAPI document."""
+    try:
+        templates = list(app.openapi().get("paths", {}))
+    except Exception:  # no app in scope (tests of the middleware alone)
+        return []
+    return [(compile_path(t)[0], t) for t in templates]
 
 
 class BodyReader:

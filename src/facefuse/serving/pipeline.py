@@ -91,10 +91,13 @@ class RequestContext:
         timer: wall time per stage, milliseconds (summed over the request's images;
             stages of the source and target images overlap in time).
         l1: L1 lookups of this request, ``"hit"`` / ``"miss"`` per image.
+        tenant: whose caches this request reads and fills (the API key's label when
+            caches are scoped per tenant; empty: shared).
     """
 
     deadline: float | None = None
     batched: bool = True
+    tenant: str = ""
     timer: StageTimer = field(default_factory=StageTimer)
     l1: list[str] = field(default_factory=list)
 
@@ -376,7 +379,7 @@ class Pipeline:
         self, name: str, xs: Sequence[np.ndarray], ctx: RequestContext
     ) -> Coroutine[Any, Any, list[list[np.ndarray]]]:
         batcher = (self._batched if ctx.batched else self._direct)[name]
-        return batcher.submit_many(xs, deadline=ctx.deadline)
+        return batcher.submit_many(xs, deadline=ctx.deadline, owner=ctx)
 
     # --- decode ------------------------------------------------------------------------
 
@@ -426,7 +429,7 @@ class Pipeline:
 
     # --- analysis ----------------------------------------------------------------------
 
-    def _l1_key(self, digest: str, purpose: Purpose) -> str:
+    def _l1_key(self, digest: str, purpose: Purpose, tenant: str = "") -> str:
         # The detector actually run, not the setting, and the purpose: a largest-face
         # analysis stops at the whole-image pass (see stages.detect's coarse_first).
         s = self.settings
@@ -434,6 +437,8 @@ class Pipeline:
                    "rotations": s.det_rotations,
                    "score": s.det_score_threshold, "yunet_score": s.det_yunet_score_threshold,
                    "nms": s.det_nms_iou, "tile_above": s.det_tile_above}
+        if tenant:  # one tenant's uploads never answer another's lookups
+            options["tenant"] = tenant
         return analysis_key(digest, self._versions, options)
 
     async def analyse(
@@ -442,7 +447,7 @@ class Pipeline:
     ) -> Analysis:
         """Faces of one decoded image, largest first, through L1 and the batchers,
         found by the detector for ``purpose`` (:func:`detector_for`)."""
-        key = self._l1_key(digest, purpose)
+        key = self._l1_key(digest, purpose, ctx.tenant)
         cached = self.l1.get(key)
         if cached is not None and (cached.embedded or not embed):
             ctx.l1.append("hit")

@@ -24,7 +24,7 @@ from facefuse.errors import DeadlineExceededError
 from facefuse.faces.detectors import Purpose
 from facefuse.faces.types import Face
 from facefuse.faces.verify import largest_face, verify_faces
-from facefuse.serving.cache.keys import result_key, sha256_hex
+from facefuse.serving.cache.keys import result_key, sha256_hex, tenant_key
 from facefuse.serving.cache.results import CachedResult
 from facefuse.serving.fuse_request import SOURCE_FIELDS, FuseRequest, read_fuse_request
 from facefuse.serving.inputs import read_request, validate_params
@@ -183,6 +183,7 @@ async def serve_fusion(
     """
     svc = services(request)
     pipeline = svc.require_pipeline()
+    key = tenant_key(key, ctx.tenant)
     t = time.perf_counter()
     cached = await svc.l2.get(key)
     lookup_ms = (time.perf_counter() - t) * 1000.0
@@ -393,24 +394,31 @@ async def healthz() -> dict[str, str]:
             tags=["health"])
 async def readyz(request: Request) -> JSONResponse:
     """200 ``ready``; 200 ``degraded`` while a configured Redis is unreachable (requests
-    still succeed, without the shared L2); 503 ``not_ready`` while loading or draining."""
+    still succeed, without the shared L2) or while the template store is unreachable or
+    not durable (``templates_durable: false``, the reason in ``templates_warning``); 503
+    ``not_ready`` while loading or draining."""
     svc = services(request)
     pipeline = svc.pipeline
     models_ok = pipeline is not None and all(
         n in pipeline.registry.loaded() for n in pipeline.model_names)
     batchers_ok = pipeline is not None and pipeline.running
     l2_ok = await svc.l2.ping()
+    store = svc.templates
+    health = await store.health() if store is not None else None
+    templates_ok = health is None or (health.reachable and health.durable is not False)
     if not (models_ok and batchers_ok) or svc.draining:
         status, code = "not_ready", 503
     else:
-        status, code = ("ready" if l2_ok else "degraded"), 200
-    body = {
-        "status": status,
-        "checks": {"models": models_ok, "batchers": batchers_ok,
-                   "l2": svc.l2.kind, "l2_healthy": l2_ok,
-                   "draining": svc.draining},
-    }
-    return JSONResponse(body, status_code=code)
+        status, code = ("ready" if l2_ok and templates_ok else "degraded"), 200
+    checks: dict[str, Any] = {"models": models_ok, "batchers": batchers_ok,
+                              "l2": svc.l2.kind, "l2_healthy": l2_ok,
+                              "draining": svc.draining}
+    if store is not None and health is not None:
+        checks.update({"templates": store.kind, "templates_reachable": health.reachable,
+                       "templates_durable": health.durable})
+        if health.reason:
+            checks["templates_warning"] = health.reason
+    return JSONResponse({"status": status, "checks": checks}, status_code=code)
 
 
 @router.get("/metrics", summary="Prometheus metrics", tags=["health"],

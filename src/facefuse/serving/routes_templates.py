@@ -16,9 +16,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from facefuse.errors import NoFaceError
+from facefuse.errors import NoFaceError, TemplateExistsError
 from facefuse.fusion.mapping import MAX_MAPPINGS
 from facefuse.fusion.select import MAX_ABS_YAW_DEG, MIN_EYE_DISTANCE_PX
 from facefuse.imaging.decode import sniff_format
@@ -40,20 +40,27 @@ from facefuse.serving.routes import (
 )
 from facefuse.serving.schemas import ErrorBody, FuseParams, _Params, image_request_body
 from facefuse.serving.state import services
+from facefuse.serving.template_records import (
+    MAX_METADATA,
+    MAX_METADATA_KEY,
+    MAX_METADATA_VALUE,
+    MAX_NAME,
+    check_labels,
+)
 from facefuse.serving.templates import Template, template_id
 
 __all__ = ["router"]
 
-#: Longest template name, and most metadata entries / characters per value.
-MAX_NAME = 100
-MAX_METADATA = 16
-MAX_METADATA_VALUE = 256
-
-api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)], responses=_ERRORS,
-                tags=["templates"])
+#: What the template routes add to the common errors.
+_GONE: dict[int | str, dict[str, Any]] = {
+    410: {"model": ErrorBody, "description": "Template damaged or lost (set aside)"}}
+api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)],
+                responses={**_ERRORS, **_GONE}, tags=["templates"])
 admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)],
-                  responses={**_ERRORS, 507: {"model": ErrorBody,
-                                              "description": "Template store full"}},
+                  responses={**_ERRORS, **_GONE,
+                             409: {"model": ErrorBody, "description":
+                                   "Image registered already with other labels"},
+                             507: {"model": ErrorBody, "description": "Template store full"}},
                   tags=["templates", "admin"])
 
 
@@ -67,18 +74,22 @@ class TemplateParams(_Params):
 
     @field_validator("metadata", mode="before")
     @classmethod
-    def _metadata_json(cls, v: Any) -> Any:
+    def _metadata_json(cls, v: Any, info: ValidationInfo) -> Any:
         import json
 
+        if isinstance(v, str) and (info.context or {}).get("typed"):
+            raise ValueError("metadata must be a JSON object (a string only in multipart)")
         if isinstance(v, str):
             try:
                 v = json.loads(v)
             except ValueError:
                 raise ValueError("metadata must be a JSON object") from None
         if isinstance(v, dict) and (len(v) > MAX_METADATA or any(
-                len(str(k)) > 64 or len(str(x)) > MAX_METADATA_VALUE for k, x in v.items())):
-            raise ValueError(f"metadata: at most {MAX_METADATA} pairs, keys up to 64 and "
-                             f"values up to {MAX_METADATA_VALUE} characters")
+                len(str(k)) > MAX_METADATA_KEY or len(str(x)) > MAX_METADATA_VALUE
+                for k, x in v.items())):
+            raise ValueError(f"metadata: at most {MAX_METADATA} pairs, keys up to "
+                             f"{MAX_METADATA_KEY} and values up to {MAX_METADATA_VALUE} "
+                             "characters")
         return v
 
 
@@ -95,13 +106,18 @@ def _detail(t: Template) -> dict[str, Any]:
 )
 async def create_template(request: Request) -> JSONResponse:
     """``201`` with the template (``id``, ``faces`` with ``index`` and ``bbox``); ``200``
-    when the same image was registered before (ids are content addresses). 422
-    ``no_face`` for an image without a face; 507 ``template_store_full`` at the bound."""
+    when the same image was registered before with the same name and metadata (ids are
+    content addresses); ``409 template_exists`` (with the existing ``id``) when it was
+    registered with another name or metadata: nothing is changed, delete it first to
+    register it again. 422 ``no_face`` for an image without a face, 422
+    ``invalid_template_metadata`` for a name or metadata that is not storable text;
+    507 ``template_store_full`` at the bound."""
     svc = services(request)
     pipeline = svc.require_pipeline()
     store = svc.require_templates()
     images, fields = await read_request(request, ("image",))
     params = validate_params(TemplateParams, fields)
+    check_labels(params.name, params.metadata)  # storable text: 422 before any work
     data = images["image"]
     ctx = svc.context(request, "/v1/templates")
 
@@ -119,7 +135,15 @@ async def create_template(request: Request) -> JSONResponse:
                         analysis.height, dict(pipeline.model_versions), dict(params.metadata))
     created = await store.put(template)
     if not created:
-        template = await store.get(template.id)
+        stored = await store.get(template.id)
+        if (stored.name, stored.metadata) != (template.name, template.metadata):
+            _mark(request, template=stored.id, created=False)
+            exc = TemplateExistsError(
+                f"this image is registered already as template {stored.id} with another "
+                "name or metadata; delete it first to register it again")
+            return JSONResponse({"error": {"code": exc.code, "message": exc.message,
+                                           "id": stored.id}}, status_code=exc.http_status)
+        template = stored
     _mark(request, template=template.id, created=created)
     return JSONResponse(_detail(template), status_code=201 if created else 200)
 

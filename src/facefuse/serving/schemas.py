@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from facefuse.fusion.types import FuseOptions, option_specs, option_type
 
@@ -68,7 +68,9 @@ class FuseParams(_FuseOptionParams):
 
     @field_validator("mapping", mode="before")
     @classmethod
-    def _mapping_json(cls, v: Any) -> Any:
+    def _mapping_json(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, str) and (info.context or {}).get("typed"):
+            raise ValueError("mapping must be a JSON list (a string only in multipart)")
         if isinstance(v, str):
             try:
                 return json.loads(v)

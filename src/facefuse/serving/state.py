@@ -79,6 +79,9 @@ class Services:
     #: True once shutdown began: /readyz answers 503, new /v1 requests are refused.
     draining: bool = False
     last_reload: ReloadStatus = field(default_factory=ReloadStatus)
+    #: ``/v1`` requests in flight now, and answered since start (the middleware's counts).
+    inflight: int = 0
+    answered: int = 0
     _flights: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
 
     def require_pipeline(self) -> Pipeline:
@@ -101,9 +104,11 @@ class Services:
                 value = float(asked)
                 if value > 0:
                     timeout = min(timeout, value)
-        start = request.scope.get("state", {}).get("t0", time.monotonic())
+        state = request.scope.get("state", {})
+        start = state.get("t0", time.monotonic())
         batched = s.batching and route not in s.unbatched_routes
-        return RequestContext(deadline=start + timeout, batched=batched)
+        tenant = (state.get("key_label") or "") if s.cache_scope == "tenant" else ""
+        return RequestContext(deadline=start + timeout, batched=batched, tenant=tenant)
 
     async def coalesce(self, key: str, make: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
         """Single flight: concurrent callers with the same ``key`` share one computation.

@@ -8,6 +8,11 @@
   share them;
 * L2 (results): :func:`result_key` — the SHA-256 of the uploaded source and target
   *bytes* (a hit needs no decoding) plus the options and the model versions.
+
+Both are scoped per tenant (the API key's label) unless ``FACEFUSE_CACHE_SCOPE=shared``:
+a hit — its header, its timing — would tell one tenant what another uploaded.
+:func:`tenant_key` scopes a result key; the analysis key takes the tenant among its
+options.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["analysis_key", "result_key", "sha256_hex"]
+__all__ = ["analysis_key", "result_key", "sha256_hex", "tenant_key"]
 
 
 def sha256_hex(data: bytes | bytearray | memoryview) -> str:
@@ -81,3 +86,11 @@ def analysis_key(
         "options": dict(options or {}),
     }
     return hashlib.sha256(_canonical(doc)).hexdigest()
+
+
+def tenant_key(key: str, tenant: str) -> str:
+    """``key`` seen by ``tenant`` only (unchanged for the shared scope, ``tenant=""``)."""
+    if not tenant:
+        return key
+    return hashlib.sha256(_canonical({"kind": "tenant", "tenant": tenant, "key": key})
+                          ).hexdigest()

@@ -7,13 +7,17 @@ A :class:`ResultCache` is :class:`InProcessResultCache` (the embedded default) o
 
 The Redis cache never fails a request: when Redis is down or slow it degrades to a
 miss / skipped write, logs the outage once, reports ``healthy = False`` (the server's
-/readyz says "degraded") and probes Redis again at most every ``retry_interval_s``
-seconds until it answers.
+/readyz says "degraded") and probes Redis again with a backoff (0.25 s, doubling up to
+``retry_interval_s``) until it answers. One outage is one state change each way: at
+the first failure every pooled connection is dropped (they all point at the Redis
+that went away), so once a probe succeeds no stale connection fails a command and
+flips the state back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -51,6 +55,9 @@ class CachedResult:
     similarity: float | None = None
     skipped: str = ""
 
+
+#: First wait before re-probing a Redis that failed, seconds (doubles per failed probe).
+FIRST_BACKOFF_S = 0.25
 
 #: Bytes charged per in-process entry besides the body (key, tuple, dict slot).
 ENTRY_OVERHEAD = 256
@@ -192,6 +199,7 @@ class RedisResultCache:
         self.kind = "redis"
         self._healthy = True
         self._next_probe = 0.0
+        self._backoff = min(FIRST_BACKOFF_S, retry_interval_s)
         self._probe_lock = asyncio.Lock()
         self.hits = 0
         self.misses = 0
@@ -205,20 +213,26 @@ class RedisResultCache:
         """False from the first failed command until a probe succeeds."""
         return self._healthy
 
-    def _failed(self, op: str, exc: BaseException) -> None:
+    async def _failed(self, op: str, exc: BaseException) -> None:
         self.errors += 1
-        self._next_probe = self._clock() + self.retry_interval_s
-        if self._healthy:
-            self._healthy = False
-            # Once per outage; the URL may hold a password, so only the op and error.
-            log.warning(
-                "redis cache unavailable (%s failed: %s: %s); serving without L2, "
-                "retrying every %.1fs",
-                op,
-                type(exc).__name__,
-                exc,
-                self.retry_interval_s,
-            )
+        if not self._healthy:
+            return  # a command that raced the first failure: the same outage
+        self._healthy = False
+        self._backoff = min(FIRST_BACKOFF_S, self.retry_interval_s)
+        self._next_probe = self._clock() + self._backoff
+        # Once per outage; the URL may hold a password, so only the op and error.
+        log.warning(
+            "redis cache unavailable (%s failed: %s: %s); serving without L2, "
+            "retrying with backoff up to %.1fs",
+            op,
+            type(exc).__name__,
+            exc,
+            self.retry_interval_s,
+        )
+        # Every pooled connection points at the Redis that failed: drop them all, so
+        # none fails a command after a probe found Redis back.
+        with contextlib.suppress(Exception):
+            await self._client.connection_pool.disconnect(inuse_connections=True)
 
     async def _usable(self) -> bool:
         """True when commands may be sent: healthy, or a due probe just succeeded."""
@@ -238,28 +252,32 @@ class RedisResultCache:
         async with self._probe_lock:
             if self._healthy or self._clock() < self._next_probe:
                 return self._healthy
-            self._next_probe = self._clock() + self.retry_interval_s
             try:
                 await self._bounded(self._client.ping())
             except Exception as exc:
                 self.errors += 1
+                self._backoff = min(self._backoff * 2, self.retry_interval_s)
+                self._next_probe = self._clock() + self._backoff
                 log.debug("redis probe failed: %r", exc)
                 return False
-            self._healthy = True
-            log.info("redis cache reachable again; L2 re-enabled")
+            self._recovered()
             return True
 
+    def _recovered(self) -> None:
+        self._healthy = True
+        log.info("redis cache reachable again; L2 re-enabled")
+
     async def ping(self) -> bool:
-        """PING now regardless of the retry interval (for startup checks); updates health."""
-        try:
-            await self._bounded(self._client.ping())
-        except Exception as exc:
-            self._failed("ping", exc)
-            return False
-        if not self._healthy:
-            self._healthy = True
-            log.info("redis cache reachable again; L2 re-enabled")
-        return True
+        """PING now regardless of the retry schedule (start-up, /readyz); updates health."""
+        async with self._probe_lock:
+            try:
+                await self._bounded(self._client.ping())
+            except Exception as exc:
+                await self._failed("ping", exc)
+                return False
+            if not self._healthy:
+                self._recovered()
+            return True
 
     async def _bounded(self, coro: Any) -> Any:
         # socket_timeout bounds each socket op; this caps the whole command (DNS,
@@ -275,7 +293,7 @@ class RedisResultCache:
         try:
             raw = await self._bounded(self._client.get(NAMESPACE + key))
         except Exception as exc:
-            self._failed("GET", exc)
+            await self._failed("GET", exc)
             self.misses += 1
             return None
         value = _decode_value(raw) if raw is not None else None
@@ -293,7 +311,7 @@ class RedisResultCache:
         try:
             await self._bounded(self._client.set(NAMESPACE + key, payload, ex=self.ttl_s))
         except Exception as exc:
-            self._failed("SET", exc)
+            await self._failed("SET", exc)
             self.skipped += 1
             return False
         return True
@@ -316,7 +334,7 @@ class RedisResultCache:
             if batch:
                 deleted += int(await self._client.unlink(*batch))
         except Exception as exc:
-            self._failed("purge", exc)
+            await self._failed("purge", exc)
             raise CacheUnavailableError(
                 f"redis cache unreachable ({type(exc).__name__}); nothing purged "
                 f"after {deleted} deletions"
