@@ -31,6 +31,7 @@ from doc_commands import ROOT, Example, examples
 from server_harness import ADMIN_TOKEN, GRACEFUL_EXIT, USER_TOKEN, ServerProcess, free_port
 
 from facefuse.config import Settings
+from facefuse.faces.analyser import FaceAnalyser
 from facefuse.imaging.decode import decode_image
 from facefuse.imaging.encode import encode_image
 
@@ -70,7 +71,7 @@ def doc_home(settings: Settings, model_dir: Path, sample_paths: dict[str, Path],
 
 @pytest.fixture(scope="module")
 def workdir(sample_paths: dict[str, Path], sample_images: dict[str, np.ndarray],
-            tmp_path_factory: pytest.TempPathFactory) -> Path:
+            analyser: FaceAnalyser, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder the examples run in: the files they name, and a checkout's links."""
     from facefuse.toolchain.detection_sets import lineup
 
@@ -83,6 +84,17 @@ def workdir(sample_paths: dict[str, Path], sample_images: dict[str, np.ndarray],
     group = lineup(sample_images, (("obama2", 110.0), ("biden", 130.0), ("obama3", 120.0)),
                    height=380).image
     (work / "group.jpg").write_bytes(encode_image(group, "jpeg", 92))
+    # a short clip of two people (the video examples: one track each)
+    from facefuse.toolchain.clips import Scene, motion_frames, write_clip
+
+    def face(photo: np.ndarray) -> tuple[float, float, float]:
+        b = analyser.analyse(photo, embed=False)[0].bbox
+        return float(b[0] + b[2]) / 2, float(b[1] + b[3]) / 2, float(b[2] - b[0])
+
+    host, guest = sample_images["biden"], sample_images["obama3"]
+    write_clip(work / "clip.mp4", motion_frames(Scene(
+        host, 12, face(host), size=(320, 240), face_px=90.0, guest=guest,
+        guest_face=face(guest))), fps=12)
     (work / ".venv").symlink_to(Path(sys.prefix))
     for name in ("deploy", "scripts"):
         (work / name).symlink_to(ROOT / name)
