@@ -53,8 +53,9 @@ def _luma(rgb: np.ndarray) -> np.ndarray:
 
 def _saturation(rgb: np.ndarray) -> np.ndarray:
     """(H, W) float32 HSV saturation (max − min) / max of an RGB image."""
-    img = np.asarray(rgb, np.float32)
-    hi, lo = img.max(axis=2), img.min(axis=2)
+    r, g, b = cv2.split(np.asarray(rgb, np.float32))
+    hi = cv2.max(cv2.max(r, g), b)
+    lo = cv2.min(cv2.min(r, g), b)
     out: np.ndarray = (hi - lo) / np.maximum(hi, 1.0)
     return out
 
@@ -91,6 +92,8 @@ def highlights(rgb: np.ndarray, landmarks: np.ndarray,
     mean = _luma(mean_rgb)
     rel = (y - mean) / np.maximum(mean, 8.0)
     weight = np.clip((rel - START) / (FULL - START), 0.0, 1.0)
+    if not weight.any():  # the common case: no pixel stands out enough
+        return np.zeros(y.shape, np.float32)
     whiter = 1.0 - _saturation(rgb) / np.maximum(_saturation(mean_rgb), 1e-3)
     weight *= np.clip(whiter / (1.0 - WHITER), 0.0, 1.0)
     inset = max(1, round(EDGE_INSET * eye))
