@@ -53,7 +53,7 @@ def test_compose_file_follows_the_compose_specification() -> None:
     resolved = json.loads(proc.stdout)
     assert resolved["name"] == "facefuse"
     assert set(resolved["services"]) == {"models", "facefuse-1", "facefuse-2", "redis",
-                                         "redis-templates", "nginx", "prometheus", "grafana"}
+                                         "redis-templates", "worker", "nginx", "prometheus", "grafana"}
     for name in ("facefuse-1", "facefuse-2"):  # the shared block, as compose merges it
         svc = resolved["services"][name]
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
