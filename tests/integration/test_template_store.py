@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -122,7 +123,8 @@ def test_redis_down_is_a_typed_503(redis_server, make_template) -> None:  # type
 
 
 def test_redis_records_are_verified_quarantined_and_losses_counted(
-        redis_factory, make_template) -> None:  # type: ignore[no-untyped-def]
+        redis_factory: Callable[..., Any],
+        make_template: Callable[[str], Template]) -> None:
     import redis as redis_client
 
     from facefuse.errors import TemplateDamagedError
@@ -138,7 +140,9 @@ def test_redis_records_are_verified_quarantined_and_losses_counted(
             await s.put(a)
             await s.put(b)
             key = RedisTemplateStore.PREFIX + a.id
-            direct.set(key, direct.get(key)[:-100])  # cut short
+            record = direct.get(key)
+            assert isinstance(record, bytes)
+            direct.set(key, record[:-100])  # cut short
             with pytest.raises(TemplateDamagedError) as exc:
                 await s.get(a.id)
             assert exc.value.code == "template_damaged" and exc.value.http_status == 410

@@ -132,7 +132,7 @@ def test_memory_is_flat_in_the_number_of_failed_targets(sample_paths, tmp_path: 
 
 
 def test_first_ctrl_c_finishes_in_flight_writes_the_report_and_exits_130(
-        sample_paths, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        sample_paths: dict[str, Path], tmp_path: Path) -> None:
     import signal
     import subprocess
     import time
@@ -189,7 +189,7 @@ def test_second_ctrl_c_stops_now_and_leaves_no_temporary(sample_paths, tmp_path:
 
 
 def test_an_unwritable_output_is_recorded_and_the_batch_goes_on(
-        sample_paths, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        sample_paths: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "blocked").write_text("a file where a directory is needed")
@@ -207,8 +207,9 @@ def test_an_unwritable_output_is_recorded_and_the_batch_goes_on(
 
 
 @pytest.mark.parametrize("output", ["../../escaped.jpg", "{tmp}/escaped-absolute.jpg"])
-def test_csv_outputs_stay_under_the_out_dir(output: str, sample_paths, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def test_csv_outputs_stay_under_the_out_dir(output: str, sample_paths: dict[str, Path],
+                                            tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     output = output.format(tmp=tmp_path)
     out = tmp_path / "a" / "out"
     pairs = tmp_path / "pairs.csv"
@@ -225,7 +226,7 @@ def test_csv_outputs_stay_under_the_out_dir(output: str, sample_paths, tmp_path:
 
 
 def test_outputs_follow_the_umask_and_a_broken_leftover_is_redone(
-        sample_paths, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        sample_paths: dict[str, Path], tmp_path: Path) -> None:
     import os
 
     inbox, out, report = tmp_path / "in", tmp_path / "out", tmp_path / "r.json"

@@ -133,8 +133,8 @@ KEPT = {"beard": 0.95, "moustache": 0.5, "stubble": 0.75}
 @contextlib.contextmanager
 def _regions_off() -> Iterator[None]:
     saved = regions.face_occluders
-    regions.face_occluders = occlusion.occluder_mask  # type: ignore[assignment]
+    regions.face_occluders = occlusion.occluder_mask
     try:
         yield
     finally:
-        regions.face_occluders = saved  # type: ignore[assignment]
+        regions.face_occluders = saved
