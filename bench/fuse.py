@@ -25,14 +25,11 @@ import argparse
 import cProfile
 import dataclasses
 import json
-import os
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,7 +45,7 @@ from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import fetch_samples
 from facefuse.toolchain.trials import AFTER, BEFORE
-from report import ROOT, machine, machine_line, median_ms, write_json, write_section
+from report import ROOT, machine, machine_line, median_ms, worker_at, write_json, write_section
 
 SIZES = (512, 1024, 2048, 4096)
 PAIRS = (("obama", "biden"), ("biden", "astronaut"), ("astronaut", "obama2"))
@@ -157,18 +154,9 @@ def stage_worker() -> None:
               flush=True)
 
 
-@contextmanager
-def worker_at(src: Path) -> Iterator[tuple[IO[str], IO[str]]]:
+def stage_worker_at(src: Path) -> AbstractContextManager[tuple[IO[str], IO[str]]]:
     """A ``--stage-worker`` process importing facefuse from ``src``."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    proc = subprocess.Popen([sys.executable, __file__, "--stage-worker"], env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        yield proc.stdin, proc.stdout
-    finally:
-        proc.stdin.close()
-        proc.wait(60)
+    return worker_at(__file__, "--stage-worker", src)
 
 
 def compare_base(rev: str, repeat: int, rounds: int) -> dict[str, Any]:
@@ -179,7 +167,8 @@ def compare_base(rev: str, repeat: int, rounds: int) -> dict[str, Any]:
 
     per: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory() as tmp, \
-            worker_at(export_src(rev, Path(tmp))) as old, worker_at(ROOT / "src") as new:
+            stage_worker_at(export_src(rev, Path(tmp))) as old, \
+            stage_worker_at(ROOT / "src") as new:
         for _ in range(rounds):
             for threads in (1, 2):
                 for size in SIZES:

@@ -31,14 +31,11 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any
 
@@ -136,17 +133,11 @@ def render_worker() -> None:
                           "mask": _png(mask)}), flush=True)
 
 
-@contextmanager
-def worker_at(src: Path) -> Iterator[tuple[IO[str], IO[str]]]:
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    proc = subprocess.Popen([sys.executable, __file__, "--render-worker"], env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        yield proc.stdin, proc.stdout
-    finally:
-        proc.stdin.close()
-        proc.wait(120)
+def render_worker_at(src: Path) -> AbstractContextManager[tuple[IO[str], IO[str]]]:
+    """A ``--render-worker`` process importing facefuse from ``src``."""
+    from report import worker_at
+
+    return worker_at(__file__, "--render-worker", src, wait_s=120.0)
 
 
 def ask(worker: tuple[IO[str], IO[str]], **q: Any) -> dict[str, Any]:
@@ -247,8 +238,8 @@ def main() -> None:
     cost: dict[str, dict[float, list[float]]] = {"before": {}, "after": {}}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp, \
-            worker_at(export_src(args.base, Path(tmp))) as old, \
-            worker_at(ROOT / "src") as new:
+            render_worker_at(export_src(args.base, Path(tmp))) as old, \
+            render_worker_at(ROOT / "src") as new:
         sides = {"before": old, "after": new}
         for t in names:
             for v in variants:

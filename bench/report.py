@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from facefuse.toolchain import reporting
 from facefuse.toolchain.host import describe, describe_line
@@ -56,3 +60,19 @@ def publish(name: str, lines: list[str]) -> None:
 def machine_line(m: dict[str, Any]) -> str:
     """One line naming the machine of ``m`` (see :func:`machine`)."""
     return describe_line(m)
+
+
+@contextmanager
+def worker_at(script: str, flag: str, src: Path,
+              wait_s: float = 60.0) -> Iterator[tuple[IO[str], IO[str]]]:
+    """``python script flag`` importing facefuse from ``src``: its (stdin, stdout),
+    line-oriented; stdin closed and the process awaited (``wait_s``) on exit."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    proc = subprocess.Popen([sys.executable, script, flag], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        yield proc.stdin, proc.stdout
+    finally:
+        proc.stdin.close()
+        proc.wait(wait_s)

@@ -280,8 +280,7 @@ def on_face_crop(image: np.ndarray, landmarks: np.ndarray,
                  fn: Callable[[np.ndarray, np.ndarray], np.ndarray], *,
                  scale: float = 1.0) -> np.ndarray:
     """``fn(crop, local_landmarks) -> (h, w) float32 mask`` evaluated on the face
-    outline's bounding box of ``image`` (resized by ``scale`` < 1 and the result
-    upsampled), pasted into an (H, W) float32 mask that is 0 elsewhere."""
+    outline's bounding box of ``image`` (see :func:`on_box`)."""
     h, w = image.shape[:2]
     lm = np.asarray(landmarks, np.float64)
     oval = lm[list(topo.FACE_OVAL), :2]
@@ -289,15 +288,30 @@ def on_face_crop(image: np.ndarray, landmarks: np.ndarray,
     y0 = int(np.clip(np.floor(oval[:, 1].min()) - 2, 0, h))
     x1 = int(np.clip(np.ceil(oval[:, 0].max()) + 3, 0, w))
     y1 = int(np.clip(np.ceil(oval[:, 1].max()) + 3, 0, h))
+    return on_box(image, lm, (x0, y0, x1, y1), fn, scale=scale)
+
+
+def on_box(image: np.ndarray, landmarks: np.ndarray, box: tuple[int, int, int, int],
+           fn: Callable[[np.ndarray, np.ndarray], np.ndarray], *,
+           scale: float = 1.0, min_side: int = 4) -> np.ndarray:
+    """``fn(crop, local_landmarks) -> (h, w) float32 mask`` evaluated on ``box``
+    (x0, y0, x1, y1; clipped to the image) of ``image``, resized by ``scale`` < 1
+    (at least ``min_side`` pixels a side) and the result upsampled, pasted into an
+    (H, W) float32 mask that is 0 elsewhere (all 0 when the box is smaller than
+    ``min_side``)."""
+    h, w = image.shape[:2]
+    x0, y0 = max(0, box[0]), max(0, box[1])
+    x1, y1 = min(w, box[2]), min(h, box[3])
     out = np.zeros((h, w), np.float32)
-    if x1 - x0 < 4 or y1 - y0 < 4:
+    if x1 - x0 < min_side or y1 - y0 < min_side:
         return out
     crop = image[y0:y1, x0:x1]
-    local = lm.copy()
+    local = np.asarray(landmarks, np.float64).copy()
     local[:, 0] -= x0
     local[:, 1] -= y0
     if scale < 1.0:
-        size = (max(4, round((x1 - x0) * scale)), max(4, round((y1 - y0) * scale)))
+        size = (max(min_side, round((x1 - x0) * scale)),
+                max(min_side, round((y1 - y0) * scale)))
         crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
         local[:, :2] *= (size[0] / (x1 - x0), size[1] / (y1 - y0))
         local[:, 2] *= scale

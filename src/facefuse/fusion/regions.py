@@ -158,27 +158,11 @@ def hair_features(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def _on_box(image: np.ndarray, lm: np.ndarray, box: tuple[int, int, int, int],
             scale: float, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-    """``fn`` on the ``box`` (x0, y0, x1, y1) of ``image`` resized by ``scale`` ≤ 1,
-    its (h, w) mask brought back (nearest, > 0.5) into an (H, W) float32 mask."""
-    h, w = image.shape[:2]
-    x0, y0 = max(0, box[0]), max(0, box[1])
-    x1, y1 = min(w, box[2]), min(h, box[3])
-    out = np.zeros((h, w), np.float32)
-    if x1 - x0 < 8 or y1 - y0 < 8:
-        return out
-    crop = image[y0:y1, x0:x1]
-    local = np.asarray(lm, np.float64).copy()
-    local[:, 0] -= x0
-    local[:, 1] -= y0
-    if scale < 1.0:
-        size = (max(8, round((x1 - x0) * scale)), max(8, round((y1 - y0) * scale)))
-        crop = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
-        local[:, :2] *= (size[0] / (x1 - x0), size[1] / (y1 - y0))
-        local[:, 2] *= scale
-    m = fn(np.ascontiguousarray(crop), local)
-    if scale < 1.0:
-        m = cv2.resize(m, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
-    out[y0:y1, x0:x1] = m > 0.5
+    """``fn`` on the ``box`` (x0, y0, x1, y1) of ``image`` resized by ``scale`` ≤ 1
+    (:func:`facefuse.fusion.occlusion.on_box`), its mask binarised (> 0.5) into an
+    (H, W) float32 mask."""
+    m = occ.on_box(image, lm, box, fn, scale=scale, min_side=8)
+    out: np.ndarray = (m > 0.5).astype(np.float32)
     return out
 
 
