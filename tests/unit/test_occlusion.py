@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from facefuse.errors import InvalidArgumentError
-from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import mask as masks
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.occlusion import occluder_mask
@@ -27,17 +26,6 @@ from facefuse.toolchain.trials import (
 #: (source, target, donor of the occluder's pixels): every identity in each role.
 PAIRS = [("obama", "biden", "astronaut"), ("astronaut", "obama2", "biden"),
          ("biden", "astronaut", "obama")]
-
-
-@pytest.fixture(scope="module")
-def fuser(settings, analyser: FaceAnalyser) -> FaceFuser:  # type: ignore[no-untyped-def]
-    return FaceFuser(settings, analyser)
-
-
-@pytest.fixture(scope="module")
-def samples(analyser: FaceAnalyser, sample_images) -> dict[str, Sample]:  # type: ignore[no-untyped-def]
-    return {n: Sample(img, analyser.analyse(img, embed=False))
-            for n, img in sample_images.items()}
 
 
 def test_clean_faces_have_few_occluders(samples: dict[str, Sample]) -> None:

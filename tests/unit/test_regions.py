@@ -12,7 +12,6 @@ import cv2
 import numpy as np
 import pytest
 
-from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
@@ -33,17 +32,6 @@ PAIRS = [("obama", "biden", "astronaut"), ("biden", "astronaut", "obama"),
          ("obama2", "obama3", "astronaut")]
 #: The classic swapper's working eye distance for targets (pixels).
 WORK_EYE = 96.0
-
-
-@pytest.fixture(scope="module")
-def fuser(settings, analyser: FaceAnalyser) -> FaceFuser:  # type: ignore[no-untyped-def]
-    return FaceFuser(settings, analyser)
-
-
-@pytest.fixture(scope="module")
-def samples(analyser: FaceAnalyser, sample_images) -> dict[str, Sample]:  # type: ignore[no-untyped-def]
-    return {n: Sample(img, analyser.analyse(img, embed=False))
-            for n, img in sample_images.items()}
 
 
 def _working(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:

@@ -211,8 +211,8 @@ class ClassicSwapper:
         x0, y0, x1, y1 = region
         scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(tgt_lm)))
         # Everything in _layer runs in the region's frame at the working scale.
-        frame = detail.Scaled(np.ascontiguousarray(target_rgb[y0:y1, x0:x1]),
-                              _scaled_size(target_rgb[y0:y1, x0:x1], scale))
+        region_rgb = np.ascontiguousarray(target_rgb[y0:y1, x0:x1])
+        frame = detail.Scaled(region_rgb, _scaled_size(region_rgb, scale))
         tgt_img = frame.full
         if scale < 1.0:
             tgt_img = cv2.resize(frame.full, frame.small, interpolation=cv2.INTER_AREA)
