@@ -34,19 +34,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.types import MESH_FIVE_POINTS
-from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.detection_sets import (
     Case,
     apply,
     detection_cases,
-    fetch_face_free,
     match,
     pairs,
 )
-from facefuse.toolchain.samples import fetch_samples
 from facefuse.toolchain.sources import DLIB_MODELS, materialise
-from report import machine, machine_line, median_ms, write_json, write_section
+from report import detection_photos, machine, machine_line, median_ms, write_json, write_section
 
 DETECTORS = {"full": "BlazeFace full-range", "yunet": "YuNet"}
 KINDS = ("sample", "rotated", "downscaled", "large", "edge", "group", "face-free")
@@ -129,10 +126,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=15)
     args = ap.parse_args()
     base = Settings.from_env(threads=1, precision="fp32")
-    photos = {n: decode_image(p) for n, p in
-              fetch_samples(base.samples_dir, base.downloads_dir).items()}
-    face_free = {n: decode_image(p) for n, p in
-                 fetch_face_free(base.home / "face-free", base.downloads_dir).items()}
+    photos, face_free = detection_photos(base)
     cases = detection_cases(photos, face_free)
     ref = dlib_points(base, photos)
     registry = ModelRegistry(base)

@@ -46,18 +46,15 @@ from facefuse.faces.borders import EDGE_SCORE_THRESHOLD
 from facefuse.faces.yunet import YuNetDetector
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.types import FuseOptions
-from facefuse.imaging.decode import decode_image
 from facefuse.imaging.encode import encode_image
 from facefuse.toolchain.detection_sets import (
     Case,
     corner_cases,
     detection_cases,
-    fetch_face_free,
     frame_cut_cases,
     pairs,
 )
-from facefuse.toolchain.samples import fetch_samples
-from report import RESULTS, machine, machine_line, publish, write_json
+from report import RESULTS, detection_photos, machine, machine_line, publish, write_json
 
 CONTROL_KINDS = ("edge", "group", "large", "face-free")
 SIDES = ("before", "after")
@@ -163,10 +160,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     base = Settings.from_env(threads=1, precision="fp32")
-    photos = {n: decode_image(p) for n, p in
-              fetch_samples(base.samples_dir, base.downloads_dir).items()}
-    face_free = {n: decode_image(p) for n, p in
-                 fetch_face_free(base.home / "face-free", base.downloads_dir).items()}
+    photos, face_free = detection_photos(base)
     cut, corners = frame_cut_cases(photos), corner_cases(photos, face_free)
     control = [c for c in detection_cases(photos, face_free) if c.kind in CONTROL_KINDS]
     after = FaceAnalyser(base)

@@ -41,19 +41,16 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.detectors import Purpose
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.types import FuseOptions, FusionResult
-from facefuse.imaging.decode import decode_image
 from facefuse.imaging.encode import encode_image
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.detection_sets import (
     Case,
     detection_cases,
-    fetch_face_free,
     lineup,
     match,
     pairs,
 )
-from facefuse.toolchain.samples import fetch_samples
-from report import RESULTS, machine, machine_line, publish, write_json
+from report import RESULTS, detection_photos, machine, machine_line, publish, write_json
 
 KINDS = ("group", "edge", "large", "face-free")
 #: The lineup: two faces above the default size limit, one (about 35 px between the
@@ -158,10 +155,7 @@ def contact_sheet(rows: list[np.ndarray]) -> np.ndarray:
 
 def main() -> None:
     base = Settings.from_env(threads=1, precision="fp32")
-    photos = {n: decode_image(p) for n, p in
-              fetch_samples(base.samples_dir, base.downloads_dir).items()}
-    face_free = {n: decode_image(p) for n, p in
-                 fetch_face_free(base.home / "face-free", base.downloads_dir).items()}
+    photos, face_free = detection_photos(base)
     cases = [c for c in detection_cases(photos, face_free) if c.kind in KINDS]
     cases.append(lineup(photos, LINEUP, height=280))
     registry = ModelRegistry(base)

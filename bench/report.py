@@ -76,3 +76,17 @@ def worker_at(script: str, flag: str, src: Path,
     finally:
         proc.stdin.close()
         proc.wait(wait_s)
+
+
+def detection_photos(base: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The decoded sample photos and face-free photos (name -> RGB uint8) of the
+    detection benches, fetched under ``base`` (a :class:`facefuse.config.Settings`)."""
+    from facefuse.imaging.decode import decode_image
+    from facefuse.toolchain.detection_sets import fetch_face_free
+    from facefuse.toolchain.samples import fetch_samples
+
+    photos = {n: decode_image(p) for n, p in
+              fetch_samples(base.samples_dir, base.downloads_dir).items()}
+    face_free = {n: decode_image(p) for n, p in
+                 fetch_face_free(base.home / "face-free", base.downloads_dir).items()}
+    return photos, face_free
