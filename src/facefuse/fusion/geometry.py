@@ -115,24 +115,26 @@ def eye_distance(landmarks: np.ndarray) -> float:
     return float(np.linalg.norm(landmarks[a, :2] - landmarks[b, :2]))
 
 
-def _iris_groups(lm: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(image-left eye + its iris, image-right eye + its iris); the iris order
-    is checked against the eye centres rather than assumed."""
+def eye_groups(lm: np.ndarray) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """((image-left eye contour, its iris), (image-right eye contour, its iris));
+    the iris order is checked against the eye centres rather than assumed. The
+    irises are empty tuples for meshes without iris points (fewer than 478)."""
     if len(lm) < 478:
-        return topo.EYE_IMAGE_LEFT, topo.EYE_IMAGE_RIGHT
+        return (topo.EYE_IMAGE_LEFT, ()), (topo.EYE_IMAGE_RIGHT, ())
     centre_a = lm[list(topo.IRIS_A), :2].mean(0)
     d_left = np.linalg.norm(centre_a - lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0))
     d_right = np.linalg.norm(centre_a - lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0))
     if d_left <= d_right:
-        return topo.EYE_IMAGE_LEFT + topo.IRIS_A, topo.EYE_IMAGE_RIGHT + topo.IRIS_B
-    return topo.EYE_IMAGE_LEFT + topo.IRIS_B, topo.EYE_IMAGE_RIGHT + topo.IRIS_A
+        return (topo.EYE_IMAGE_LEFT, topo.IRIS_A), (topo.EYE_IMAGE_RIGHT, topo.IRIS_B)
+    return (topo.EYE_IMAGE_LEFT, topo.IRIS_B), (topo.EYE_IMAGE_RIGHT, topo.IRIS_A)
 
 
 def expression_regions(landmarks: np.ndarray) -> list[tuple[tuple[int, ...], tuple[int, int]]]:
     """Regions whose internal shape is expression (kept from the target) while
     their place and size are identity (taken from the source), each with the
     two expression-stable anchor points (corners) that define that place."""
-    left, right = _iris_groups(landmarks)
+    (eye_l, iris_l), (eye_r, iris_r) = eye_groups(landmarks)
+    left, right = eye_l + iris_l, eye_r + iris_r
     return [
         (left, (33, 133)),
         (right, (263, 362)),

@@ -8,6 +8,8 @@
   image and the occluder's exact footprint.
 * :func:`relight_gradient` — the image lit by a known horizontal gradient across
   the face (a multiplicative ramp in linear gain).
+* :func:`squinting` — the face with both upper lids lowered (the photo's own lid
+  and brow pixels moved down over the eyes): a squinting source.
 
 Same inputs → same output: nothing is random but the seeded texture offsets.
 """
@@ -315,3 +317,27 @@ def paste_glasses(
     fa = (frame.astype(np.float32) / 255.0)[..., None]
     out = out * (1.0 - fa) + np.clip(tex, 0, 255) * fa
     return np.clip(out + 0.5, 0, 255).astype(np.uint8), frame > 127
+
+
+def squinting(image: np.ndarray, landmarks: np.ndarray, closure: float = 0.6) -> np.ndarray:
+    """``image`` (H, W, 3) uint8 with both upper lids of the face ``landmarks``
+    (N, 3) lowered by ``closure`` × the lid gap: the lid, crease and brow above
+    each eye slide down over it (a smooth vertical displacement, fading above the
+    brow and just below the eye's centre line), as a squint looks."""
+    h, w = image.shape[:2]
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    dy = np.zeros((h, w), np.float32)
+    for eye, (upper, lower) in ((topo.EYE_IMAGE_LEFT, topo.EYE_LID_IMAGE_LEFT),
+                                (topo.EYE_IMAGE_RIGHT, topo.EYE_LID_IMAGE_RIGHT)):
+        pts = landmarks[list(eye), :2]
+        cx, cy = pts.mean(0)
+        width = float(np.ptp(pts[:, 0]))
+        gap = max(1.0, abs(float(landmarks[lower, 1] - landmarks[upper, 1])))
+        top = float(landmarks[upper, 1]) - 2.5 * gap
+        across = np.exp(-(((xx - cx) / (0.45 * width)) ** 2))
+        rise = np.clip((yy - top) / (2.5 * gap), 0.0, 1.0)
+        fall = np.clip(1.0 - (yy - (cy + 0.1 * gap)) / (0.4 * gap + 1.0), 0.0, 1.0)
+        dy += closure * gap * across * rise * fall
+    out: np.ndarray = cv2.remap(image, xx, yy - dy, cv2.INTER_CUBIC,
+                                borderMode=cv2.BORDER_REFLECT_101)
+    return out

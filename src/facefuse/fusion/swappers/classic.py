@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
-from facefuse.fusion import detail, light, regions, specular
+from facefuse.fusion import detail, eyes, light, regions, specular
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion import symmetry as sym
@@ -37,10 +37,11 @@ LIGHTING_SIGMA_FRACTION = 0.2
 #: Clamp on the lighting transfer's per-pixel, per-channel gain.
 LIGHTING_MAX_GAIN = 3.0
 MESH_POINTS = 468
-#: Share of the target's own eye openings (lids, sclera, iris) kept in the layer:
-#: the lids are expression, and the source's lid texture squeezed into the target's
-#: lid shape reads as a different openness.
-EYE_KEEP = 0.4
+#: Share of the target's own eye openings (sclera, iris, catchlights) kept in the
+#: layer: the opening and the gaze are expression, and the source's eye squeezed
+#: into the target's opening reads as a cloudy, half-shut or wandering eye. The
+#: source's iris colour is given to them (see :mod:`facefuse.fusion.eyes`).
+EYE_KEEP = 1.0
 #: Share of the target's closed lips kept when the source's mouth is open.
 SOURCE_OPEN_LIPS_KEEP = 1.0
 #: Growth and feather of the rejected source occluders, in feather widths: the
@@ -162,7 +163,8 @@ class _Work:
     ``target_maps``/``source_maps`` the remap coordinates of the target's and the
     source's working images; ``valid`` (h, w) bool inside the mesh; ``direct``
     (h, w) the layer's share of the direct source sample; ``skin`` (h, w) where
-    the skin's tone and detail are measured.
+    the skin's tone and detail are measured; ``iris_gains`` the source's iris colour
+    over the target's, per eye (see :func:`facefuse.fusion.eyes.iris_gains`).
     """
 
     face: np.ndarray
@@ -175,6 +177,7 @@ class _Work:
     valid: np.ndarray
     direct: np.ndarray
     skin: np.ndarray
+    iris_gains: list[np.ndarray | None]
 
 
 class ClassicSwapper:
@@ -242,6 +245,8 @@ class ClassicSwapper:
                 frame, work.target_maps, src_crop, work.source_maps, work.valid, work.face,
                 work.target_layer, work.direct, skin)
             mask = cv2.resize(mask, frame.size, interpolation=cv2.INTER_LINEAR)
+        eyes.recolour_irises(face, dst - origin, work.iris_gains, options.texture_weight,
+                             feather)
         if keep is not None:
             # At full size the occluder's outline is re-drawn crisp (one pixel of
             # growth covers its anti-aliased edge): its pixels must come back exactly.
@@ -296,7 +301,7 @@ class ClassicSwapper:
         if w_tex <= 0.0:
             return _Work(target_layer, mask, tgt_occ, 0.0 if options.evaluate else None,
                          target_layer, (mx_t, my_t), (mx_s, my_s), valid,
-                         np.zeros(mask.shape, np.float32), mask)
+                         np.zeros(mask.shape, np.float32), mask, [None, None])
         source_layer = self.pixels.remap(src_img, mx_s, my_s)
         gains = None
         if relight:
@@ -350,7 +355,9 @@ class ClassicSwapper:
             # The source's lips were parted: squeezed shut they would carry its teeth
             # and inner lips into a closed mouth. The target's closed lips stay.
             alpha *= 1.0 - SOURCE_OPEN_LIPS_KEEP * masks.lips_mask(dst, frame, feather)
-        alpha *= 1.0 - EYE_KEEP * masks.eyes_mask(dst, frame, feather)
+        aperture = masks.eyes_mask(dst, frame, feather)
+        alpha *= 1.0 - EYE_KEEP * aperture
+        iris_gains = eyes.iris_gains(source_layer, target_layer, src_lm, dst, aperture)
         if relight:
             # The target's own highlights are the scene's light on its face: kept.
             alpha *= 1.0 - specular.highlights(target_layer, dst)
@@ -367,7 +374,7 @@ class ClassicSwapper:
         direct = alpha if fill is None else alpha * np.where(keep > 0, d / np.maximum(keep, 1e-6),
                                                                0.0).astype(np.float32)
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
-                     (mx_s, my_s), valid, direct, skin)
+                     (mx_s, my_s), valid, direct, skin, iris_gains)
 
     @staticmethod
     def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,

@@ -1,0 +1,131 @@
+"""The fused face's eyes: the target's own eyeballs with the source's iris colour.
+
+Inside the lid contours the layer is the target's (its opening, gaze, catchlights
+and lashes are expression and scene, and a squinting or side-glancing source
+squeezed into the target's opening reads as a cloudy, wandering eye). What the
+source gives there is the colour of its irises: a per-channel gain, measured at
+the working scale on the relit source and the target layers in the fused mesh's
+frame, applied at the layer's own scale to the target's iris pixels.
+
+Landmarks are (478, 3) float pixels with the iris points; images (h, w, 3)
+float32 0-255 in the frame of those landmarks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from facefuse.faces.align import similarity_transform
+from facefuse.fusion import mask as masks
+from facefuse.fusion.geometry import eye_groups
+
+#: The iris colour is measured on this annulus (fractions of the iris radius):
+#: outside the pupil, inside the dark limbal ring and the lids' shadow.
+SAMPLE_RING = (0.45, 0.85)
+#: Fewest pixels of an iris (in the aperture) to measure its colour; a closed or
+#: nearly closed eye gives fewer, and the target's colour is kept there.
+MIN_SAMPLES = 12
+#: Bounds of the per-channel gain (a blue iris made dark brown needs about 0.5 on
+#: blue, 1.5 on red).
+GAIN_RANGE = (0.4, 2.5)
+#: Pixels this many times brighter than the iris's median are not iris (its
+#: catchlights, or the sclera where the landmarks' disc overshoots the limbus):
+#: they keep their own colour (ramp from the first to the second factor).
+HIGHLIGHT_RAMP = (1.15, 1.6)
+
+
+def _iris(landmarks: np.ndarray, iris: tuple[int, ...]) -> tuple[np.ndarray, float]:
+    """(centre (2,), radius px) of an iris from its five landmarks (centre first)."""
+    centre = landmarks[iris[0], :2]
+    radius = float(np.linalg.norm(landmarks[list(iris[1:]), :2] - centre, axis=1).mean())
+    return centre, radius
+
+
+def _distance(shape: tuple[int, int], centre: np.ndarray) -> np.ndarray:
+    """(h, w) float32 distance of each pixel centre to ``centre`` (x, y)."""
+    yy, xx = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float32)
+    out: np.ndarray = np.hypot(xx - np.float32(centre[0]), yy - np.float32(centre[1]))
+    return out
+
+
+def _ring_median(image: np.ndarray, aperture: np.ndarray, centre: np.ndarray,
+                 radius: float) -> np.ndarray | None:
+    """Median colour (3,) of ``image`` on the iris annulus inside the aperture,
+    catchlights left out; None with fewer than :data:`MIN_SAMPLES` pixels."""
+    d = _distance(image.shape[:2], centre)
+    ring = (d >= SAMPLE_RING[0] * radius) & (d <= SAMPLE_RING[1] * radius) & (aperture > 0.5)
+    pixels = image[ring]
+    if len(pixels) < MIN_SAMPLES:
+        return None
+    luma = pixels.mean(1)
+    pixels = pixels[luma <= HIGHLIGHT_RAMP[0] * np.median(luma)]
+    if len(pixels) < MIN_SAMPLES:
+        return None
+    out: np.ndarray = np.median(pixels, axis=0)
+    return out
+
+
+def iris_gains(source_layer: np.ndarray, target_layer: np.ndarray, source_lm: np.ndarray,
+               dst: np.ndarray, aperture: np.ndarray) -> list[np.ndarray | None]:
+    """Per-channel gains (3,) taking the target's iris colour to the source's, for
+    the image-left and image-right eyes (None: not measurable, keep the target's).
+
+    ``source_layer``/``target_layer`` (h, w, 3): the relit source and the target
+    warped onto the fused mesh ``dst``; ``aperture`` (h, w): the lids' openings of
+    ``dst``. The target's iris sits at ``dst``'s iris points (the eyes move rigidly);
+    the source's is carried there by the similarity of its eye contour onto
+    ``dst``'s.
+    """
+    if len(source_lm) < 478 or len(dst) < 478:
+        return [None, None]
+    gains: list[np.ndarray | None] = []
+    for (eye_s, iris_s), (eye_d, iris_d) in zip(eye_groups(source_lm), eye_groups(dst),
+                                                strict=True):
+        fit = similarity_transform(source_lm[list(eye_s), :2], dst[list(eye_d), :2])
+        centre_s, radius_s = _iris(source_lm, iris_s)
+        centre_s = fit[:, :2] @ centre_s + fit[:, 2]
+        radius_s *= float(np.sqrt(abs(np.linalg.det(fit[:, :2]))))
+        src = _ring_median(source_layer, aperture, centre_s, radius_s)
+        tgt = _ring_median(target_layer, aperture, *_iris(dst, iris_d))
+        if src is None or tgt is None:
+            gains.append(None)
+            continue
+        gains.append(np.clip((src + 1.0) / (tgt + 1.0), *GAIN_RANGE).astype(np.float32))
+    return gains
+
+
+def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray | None],
+                    weight: float, feather: float) -> None:
+    """Give the target's irises in ``layer`` (h, w, 3, in place) the source's colour.
+
+    ``dst``: the fused mesh in ``layer``'s frame; ``gains`` from :func:`iris_gains`;
+    ``weight`` in [0, 1] the texture weight; ``feather`` px the face's feather width
+    at this scale. Each iris's disc (soft by a tenth of its radius) inside the lids'
+    opening is multiplied by its gain, its catchlights left as they are.
+    """
+    if weight <= 0.0 or len(dst) < 478 or all(g is None for g in gains):
+        return
+    h, w = layer.shape[:2]
+    for (_, iris), gain in zip(eye_groups(dst), gains, strict=True):
+        if gain is None:
+            continue
+        centre, radius = _iris(dst, iris)
+        reach = int(np.ceil(1.2 * radius)) + 2
+        x0, y0 = max(0, int(centre[0]) - reach), max(0, int(centre[1]) - reach)
+        x1, y1 = min(w, int(centre[0]) + reach + 1), min(h, int(centre[1]) + reach + 1)
+        if x1 <= x0 or y1 <= y0:
+            continue
+        box = layer[y0:y1, x0:x1]
+        local = dst - np.array([x0, y0, 0.0])
+        aperture = masks.eyes_mask(local, (0, 0, x1 - x0, y1 - y0), feather)
+        d = _distance(box.shape[:2], centre - np.array([x0, y0]))
+        soft = max(0.5, 0.1 * radius)
+        disc = np.clip((radius - d) / soft + 0.5, 0.0, 1.0)
+        luma = box.mean(2)
+        inside = (disc > 0.5) & (aperture > 0.5)
+        if not inside.any():
+            continue
+        lo, hi = (f * float(np.median(luma[inside])) for f in HIGHLIGHT_RAMP)
+        spare = np.clip((luma - lo) / max(1e-3, hi - lo), 0.0, 1.0)
+        share = (weight * disc * aperture * (1.0 - spare))[..., None]
+        box *= 1.0 + share * (gain - 1.0)

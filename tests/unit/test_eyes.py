@@ -1,0 +1,106 @@
+"""The fused face's eyes: the target's opening, gaze and catchlights survive a
+squinting source, and the irises take the source's colour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from facefuse.faces import topology as topo
+from facefuse.faces.analyser import FaceAnalyser
+from facefuse.fusion import eyes
+from facefuse.fusion import mask as masks
+from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.geometry import eye_groups, openness
+from facefuse.fusion.types import FuseOptions
+from facefuse.toolchain.synthetic import squinting
+from facefuse.toolchain.trials import Sample
+
+#: Degree 100 with the target's geometry: the output's eyes sit on the target's pixels.
+FULL_TEXTURE = FuseOptions(degree=100.0, shape=0.0)
+
+
+def _fuse(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOptions) -> np.ndarray:
+    return fuser.fuse_faces(src.image, src.faces[0], tgt.image, tgt.faces, [0], options).image
+
+
+def _apertures(lm: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Boolean (H, W) inside both lid openings, a feather's tenth in from the lids."""
+    return masks.eyes_mask(lm, (0, 0, shape[1], shape[0])) > 0.9
+
+
+def _eye_openness(lm: np.ndarray) -> float:
+    o = openness(lm)
+    return (o["eye_image_left"] + o["eye_image_right"]) / 2.0
+
+
+@pytest.fixture(scope="module")
+def squinting_source(analyser: FaceAnalyser, samples: dict[str, Sample]) -> Sample:
+    """obama with both upper lids lowered over the eyes, analysed again."""
+    image = squinting(samples["obama"].image, samples["obama"].landmarks, 0.8)
+    return Sample(image, analyser.analyse(image, embed=False))
+
+
+def test_the_squint_variant_really_squints(samples: dict[str, Sample],
+                                           squinting_source: Sample) -> None:
+    before = _eye_openness(samples["obama"].landmarks)
+    after = _eye_openness(squinting_source.landmarks)
+    assert after < 0.7 * before, (before, after)
+
+
+@pytest.mark.parametrize("target", ["biden", "astronaut", "obama3"])
+def test_a_squinting_source_keeps_the_targets_open_eyes(
+        fuser: FaceFuser, samples: dict[str, Sample], squinting_source: Sample,
+        target: str) -> None:
+    """Large (full-resolution path) and small targets: inside the target's lid
+    openings the output has the target's structure (sclera, iris, gaze) at the
+    target's contrast, and each iris's catchlight stays as bright."""
+    tgt = samples[target]
+    out = _fuse(fuser, squinting_source, tgt, FULL_TEXTURE)
+    inside = _apertures(tgt.landmarks, tgt.image.shape)
+    assert inside.sum() > 50
+    luma_t = tgt.image[inside].astype(np.float64).mean(1)
+    luma_o = out[inside].astype(np.float64).mean(1)
+    assert np.corrcoef(luma_t, luma_o)[0, 1] > 0.9
+    assert luma_o.std() > 0.85 * luma_t.std()
+    for _, iris in eye_groups(tgt.landmarks):
+        c = tgt.landmarks[iris[0], :2]
+        r = float(np.linalg.norm(tgt.landmarks[list(iris[1:]), :2] - c, axis=1).mean())
+        yy, xx = np.mgrid[0:tgt.image.shape[0], 0:tgt.image.shape[1]]
+        disc = (np.hypot(xx - c[0], yy - c[1]) < r) & inside
+        assert out[disc].mean(1).max() > tgt.image[disc].mean(1).max() - 20
+
+
+def test_the_irises_take_the_sources_colour(fuser: FaceFuser,
+                                            samples: dict[str, Sample]) -> None:
+    """astronaut's brown eyes into biden's blue-grey ones: the output's iris colour
+    (chromaticity of its ring's median) is nearer the source's than the target's
+    was, and at texture 0 it is the target's own."""
+    src, tgt = samples["astronaut"], samples["biden"]
+
+    def chroma(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+        inside = masks.eyes_mask(lm, (0, 0, image.shape[1], image.shape[0]))
+        colours = []
+        for _, iris in eye_groups(lm):
+            c = lm[iris[0], :2]
+            r = float(np.linalg.norm(lm[list(iris[1:]), :2] - c, axis=1).mean())
+            m = eyes._ring_median(image.astype(np.float32), inside, c, r)
+            assert m is not None
+            colours.append(m / m.sum())
+        return np.mean(colours, axis=0)
+
+    c_src, c_tgt = chroma(src.image, src.landmarks), chroma(tgt.image, tgt.landmarks)
+    out = _fuse(fuser, src, tgt, FULL_TEXTURE)
+    c_out = chroma(out, tgt.landmarks)
+    assert np.linalg.norm(c_out - c_src) < 0.5 * np.linalg.norm(c_tgt - c_src)
+    plain = _fuse(fuser, src, tgt, FuseOptions(degree=100.0, shape=0.0, texture=0.0))
+    inside = _apertures(tgt.landmarks, tgt.image.shape)
+    assert np.abs(plain[inside].astype(int) - tgt.image[inside]).max() <= 2
+
+
+def test_gains_are_none_without_an_iris() -> None:
+    """A mesh without iris points (or a closed eye) leaves the target's colour."""
+    lm = np.zeros((468, 3))
+    img = np.zeros((8, 8, 3), np.float32)
+    assert eyes.iris_gains(img, img, lm, lm, np.zeros((8, 8), np.float32)) == [None, None]
+    assert len(topo.IRIS_A) == 5
