@@ -160,3 +160,21 @@ async def test_a_target_purpose_overrides_the_one_the_mode_implies(
     finally:
         await pipeline.drain(10.0)
         pipeline.close()
+
+
+@pytest.mark.parametrize("name", ["hubble", "coffee"])
+def test_a_detection_the_mesh_rejects_is_not_a_face(auto_fuser: FaceFuser, settings: Settings,
+                                                    name: str) -> None:
+    """BlazeFace finds a 'face' in these face-free photos; its mesh's face presence
+    is near 0, so the analysis (library and service paths alike) reports none."""
+    from facefuse.faces import stages
+
+    free = fetch_face_free(settings.home / "face-free", settings.downloads_dir)
+    image = decode_image(free[name])
+    an = auto_fuser.analyser
+    detections = an.detect(image, "largest")
+    assert detections, "the premise: BlazeFace fires on this photo"
+    meshed = an.run(stages.mesh(an.models.mesh, image, detections))
+    assert max(f.mesh_score or 0.0 for f in meshed) < stages.MIN_PRESENCE
+    assert an.analyse(image, embed=False) == []
+    assert stages.reported(meshed) == []

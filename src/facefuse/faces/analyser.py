@@ -95,7 +95,7 @@ class FaceAnalyser:
         t = timer.add("decode", t)
         detections = self.detect(rgb, purpose)
         t = timer.add("detect", t)
-        faces = stages.largest_first(self.run(stages.mesh(self.models.mesh, rgb, detections)))
+        faces = stages.reported(self.run(stages.mesh(self.models.mesh, rgb, detections)))
         t = timer.add("mesh", t)
         if embed and faces:
             faces = self.embed(rgb, faces)

@@ -463,7 +463,7 @@ class Pipeline:
                 detector, rgb, models.turns, coarse_first=purpose == "largest"), ctx)
             t = ctx.timer.add("detect", t)
             faces = await self.run(stages.mesh(models.mesh, rgb, detections), ctx)
-            faces = stages.largest_first(faces)
+            faces = stages.reported(faces)
             ctx.timer.add("mesh", t)
         if embed and faces:
             t = time.perf_counter()
