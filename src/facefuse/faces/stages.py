@@ -343,8 +343,9 @@ def largest_first(faces: Sequence[Face]) -> list[Face]:
 #: A detection whose mesh (in its best quarter turn) gives a face presence below
 #: this is not a face. On the detection benchmark's sets (samples, rotated,
 #: downscaled, cut by the frame, corners, groups, face-free photos) BlazeFace's
-#: false positives (a wrist, a galaxy field, a mug, the ear of a frame-cut face)
-#: mesh at 0.000-0.064 and its 235 true faces at ≥ 0.70; YuNet's 340 true faces at
+#: false positives (a galaxy field, a mug, boxes beside faces cut by the frame's
+#: left edge, one on an upside-down photo; also a wrist on a tilted portrait) mesh
+#: at 0.000-0.064 and its 235 true faces at ≥ 0.70; YuNet's 340 true faces at
 #: ≥ 0.16 (corner faces cut by 35 %), with no false positive.
 MIN_PRESENCE = 0.1
 
