@@ -51,10 +51,18 @@ def _distance(shape: tuple[int, int], centre: np.ndarray) -> np.ndarray:
 def _ring_median(image: np.ndarray, aperture: np.ndarray, centre: np.ndarray,
                  radius: float) -> np.ndarray | None:
     """Median colour (3,) of ``image`` on the iris annulus inside the aperture,
-    catchlights left out; None with fewer than :data:`MIN_SAMPLES` pixels."""
-    d = _distance(image.shape[:2], centre)
-    ring = (d >= SAMPLE_RING[0] * radius) & (d <= SAMPLE_RING[1] * radius) & (aperture > 0.5)
-    pixels = image[ring]
+    catchlights left out; None with fewer than :data:`MIN_SAMPLES` pixels. Only
+    the annulus's bounding box is read."""
+    h, w = image.shape[:2]
+    reach = int(np.ceil(SAMPLE_RING[1] * radius)) + 1
+    x0, y0 = max(0, int(centre[0]) - reach), max(0, int(centre[1]) - reach)
+    x1, y1 = min(w, int(centre[0]) + reach + 1), min(h, int(centre[1]) + reach + 1)
+    if x1 <= x0 or y1 <= y0:
+        return None
+    d = _distance((y1 - y0, x1 - x0), centre - np.array([x0, y0]))
+    ring = ((d >= SAMPLE_RING[0] * radius) & (d <= SAMPLE_RING[1] * radius)
+            & (aperture[y0:y1, x0:x1] > 0.5))
+    pixels = image[y0:y1, x0:x1][ring]
     if len(pixels) < MIN_SAMPLES:
         return None
     luma = pixels.mean(1)

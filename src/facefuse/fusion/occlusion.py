@@ -31,6 +31,12 @@ How a face's occluders are found (all from the mesh and the pixels, no model):
    mouth) is occluded as a whole.
    Specks (pores, highlights) are removed by a morphological opening, and
    islands smaller than :data:`MIN_OCCLUDER_AREA` of the face are dropped.
+4. **What the outline takes in from behind the face.** On a turned face the
+   mesh's outline overshoots the cheek or temple on the far side, and a sliver of
+   background (a flag, a wall) lies inside it: too thin for the opening and
+   the island rule, but what a loose outline pulls in. Non-skin pixels within
+   :data:`RIM_WIDTH` eye distances of the outline, connected to it, are
+   occluders whatever their size.
 
 A dense dark beard is caught by this rule, but stubble, a thin moustache and
 thin glasses frames are not (they differ little from skin pixel by pixel, or
@@ -53,6 +59,9 @@ import numpy as np
 from facefuse.faces import topology as topo
 from facefuse.fusion.geometry import eye_distance, nearest_distance
 
+#: Width of the band inside the outline, in eye distances, where non-skin pixels
+#: that reach the outline are background taken in by a loose mesh.
+RIM_WIDTH = 0.08
 #: Skin sample vertices keep at least this many eye distances from every feature point.
 FEATURE_CLEARANCE = 0.12
 #: Share of the sample vertices (nearest the median) that the skin Gaussian is fitted on.
@@ -336,6 +345,7 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     occ = (1.0 - skin_probability(image, model, max(0.5, 0.01 * d))) * (face / 255.0)
     feat = any_feat > 127
     occ[feat] = 0.0
+    rim = _rim_background(occ > 0.5, face > 127, RIM_WIDTH * d)
     binary: np.ndarray = cv2.morphologyEx((occ > 0.5).astype(np.uint8), cv2.MORPH_OPEN,
                                           disc(0.03 * d))
     area = max(1, int(face.sum() // 255))
@@ -371,7 +381,23 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
             binary[fm] = reach[fm]
     # Small islands are shading, stubble or a highlight, not something in front.
     drop_islands(binary, MIN_OCCLUDER_AREA * area)
+    binary[rim] = 1
     out: np.ndarray = binary.astype(np.float32)
+    return out
+
+
+def _rim_background(non_skin: np.ndarray, face: np.ndarray, width: float) -> np.ndarray:
+    """(H, W) bool: the ``non_skin`` pixels within ``width`` px inside the ``face``
+    outline (both (H, W) bool) that are connected, inside that band, to the
+    outline's own edge pixels (see the module doc, step 4)."""
+    band = face & ~_shrink(face, width)
+    candidates = (non_skin & band).astype(np.uint8)
+    if not candidates.any():
+        return np.zeros(face.shape, bool)
+    edge = face & ~_shrink(face, 1.5)
+    _, labels = cv2.connectedComponents(candidates, connectivity=8)
+    touching = np.unique(labels[edge & (candidates > 0)])
+    out: np.ndarray = np.isin(labels, touching[touching > 0])
     return out
 
 
