@@ -9,8 +9,8 @@ reflections: ``facefuse.toolchain.synthetic``), fused at degree 100:
   and the darkening (grey levels) it leaves on the clean-shaven target's beard
   zone; the source's frames leaked (``occluder_leak``; goal ≤ 0.05).
 
-"Before" is the colour-outlier occluder mask alone (the regions switched off in
-this process), "after" the occluder mask with the regions.
+"Before" is the colour-outlier occluder mask alone (options `glasses` and
+`facial_hair` off), "after" the occluder mask with both regions.
 
     .venv/bin/python bench/regions.py [--sheets PREFIX]
 
@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.samples import fetch_samples
@@ -60,15 +58,8 @@ PAIRS = (("obama", "biden", "astronaut"), ("astronaut", "obama2", "obama"),
          ("biden", "astronaut", "obama"), ("obama2", "obama3", "astronaut"))
 
 
-@contextmanager
-def regions_off() -> Iterator[None]:
-    """The classic swapper's occluders without the regions (the "before")."""
-    saved: Callable[..., np.ndarray] = regions.face_occluders
-    regions.face_occluders = occlusion.occluder_mask  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        regions.face_occluders = saved  # type: ignore[assignment]
+#: The classic swapper's occluders without the regions (the "before").
+NO_REGIONS = FuseOptions(glasses=False, facial_hair=False)
 
 
 def crop(img: np.ndarray, s: Sample) -> np.ndarray:
@@ -88,11 +79,9 @@ def run(fuser: FaceFuser, samples: dict[str, Sample], sheets: Path | None) -> di
         leak_row: list[np.ndarray] = []
         for kind in FACIAL_HAIR_KINDS:
             res: dict[str, Any] = {}
-            for label in ("before", "after"):
-                with regions_off() if label == "before" else _null():
-                    kept, out_k = facial_hair_survival_trial(fuser, s, t, kind, dn, REGIONS)
-                    leak, dark, against, out_l = facial_hair_leak_trial(fuser, s, t, kind, dn,
-                                                                         REGIONS)
+            for label, opts in (("before", NO_REGIONS), ("after", REGIONS)):
+                kept, out_k = facial_hair_survival_trial(fuser, s, t, kind, dn, opts)
+                leak, dark, against, out_l = facial_hair_leak_trial(fuser, s, t, kind, dn, opts)
                 res[label] = {"kept": kept, "leaked": leak, "darkening": dark,
                               "darker_than_target": against}
                 if kind != "moustache":
@@ -101,10 +90,9 @@ def run(fuser: FaceFuser, samples: dict[str, Sample], sheets: Path | None) -> di
             rows[f"{src}->{tgt} {kind} ({donor})"] = res
         for frame in FRAME_KINDS:
             res = {}
-            for label in ("before", "after"):
-                with regions_off() if label == "before" else _null():
-                    kept, out_k = glasses_survival_trial(fuser, s, t, frame, dn, REGIONS)
-                    leak, out_l = glasses_leak_trial(fuser, s, t, frame, dn, REGIONS)
+            for label, opts in (("before", NO_REGIONS), ("after", REGIONS)):
+                kept, out_k = glasses_survival_trial(fuser, s, t, frame, dn, opts)
+                leak, out_l = glasses_leak_trial(fuser, s, t, frame, dn, opts)
                 res[label] = {"kept": kept, "leaked": leak}
                 if frame == "metal":
                     kept_row.append(crop(out_k, t))
@@ -125,11 +113,6 @@ def _sheet(rows: list[list[np.ndarray]]) -> np.ndarray:
         lines.append(np.hstack([np.pad(x, ((0, h - x.shape[0]), (0, 4), (0, 0))) for x in tiles]))
     w = max(x.shape[1] for x in lines)
     return np.vstack([np.pad(x, ((0, 4), (0, w - x.shape[1]), (0, 0))) for x in lines])
-
-
-@contextmanager
-def _null() -> Iterator[None]:
-    yield
 
 
 def main() -> None:

@@ -5,9 +5,6 @@ fusion, the source's not carried."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import cv2
 import numpy as np
 import pytest
@@ -15,6 +12,7 @@ import pytest
 from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import face_outline_mask
 from facefuse.toolchain.synthetic import FacialHairKind, FrameKind, paste_facial_hair, paste_glasses
 from facefuse.toolchain.trials import (
@@ -75,9 +73,8 @@ def test_target_facial_hair_is_kept(fuser: FaceFuser, samples: dict[str, Sample]
         kept, _ = facial_hair_survival_trial(fuser, samples[s], samples[t], kind,
                                              samples[donor], REGIONS)
         assert kept >= KEPT[kind], (s, t, kind, kept)
-        with _regions_off():
-            before, _ = facial_hair_survival_trial(fuser, samples[s], samples[t], kind,
-                                                   samples[donor], REGIONS)
+        before, _ = facial_hair_survival_trial(fuser, samples[s], samples[t], kind,
+                                               samples[donor], FuseOptions())
         assert before < kept, (s, t, kind, before, kept)
 
 
@@ -107,22 +104,18 @@ def test_glasses_are_found(samples: dict[str, Sample], kind: FrameKind) -> None:
 @pytest.mark.parametrize("kind", ["metal", "plastic"])
 def test_target_glasses_are_kept_and_source_glasses_rejected(
         fuser: FaceFuser, samples: dict[str, Sample], kind: FrameKind) -> None:
+    """By default (no option asked): glasses are regions, not colour outliers."""
+    off = FuseOptions(glasses=False)
     for s, t, donor in PAIRS:
         kept, _ = glasses_survival_trial(fuser, samples[s], samples[t], kind, samples[donor],
-                                         REGIONS)
-        leak, _ = glasses_leak_trial(fuser, samples[s], samples[t], kind, samples[donor], REGIONS)
+                                         FuseOptions())
+        leak, _ = glasses_leak_trial(fuser, samples[s], samples[t], kind, samples[donor],
+                                     FuseOptions())
         assert kept >= 0.7, (s, t, kind, kept)  # the 60-px astronaut face is the worst
         assert leak <= 0.1, (s, t, kind, leak)
+        kept_off, _ = glasses_survival_trial(fuser, samples[s], samples[t], kind,
+                                             samples[donor], off)
+        assert kept_off < kept, (s, t, kind, kept_off, kept)
 
 
 KEPT = {"beard": 0.95, "moustache": 0.5, "stubble": 0.75}
-
-
-@contextlib.contextmanager
-def _regions_off() -> Iterator[None]:
-    saved = regions.face_occluders
-    regions.face_occluders = occlusion.occluder_mask
-    try:
-        yield
-    finally:
-        regions.face_occluders = saved

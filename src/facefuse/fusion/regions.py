@@ -419,17 +419,20 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
         out[shine] = 1.0
     return out
 
-def _regions_and_occluders(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
-    out: np.ndarray = np.maximum.reduce([occ.occluders_on_crop(image, lm),
-                                         facial_hair_mask(image, lm), glasses_mask(image, lm)])
-    return out
-
-
-def face_occluders(image: np.ndarray, landmarks: np.ndarray, *,
-                   scale: float = 1.0) -> np.ndarray:
+def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1.0,
+                   glasses: bool = True, facial_hair: bool = True) -> np.ndarray:
     """(H, W) float32: :func:`facefuse.fusion.occlusion.occluder_mask` together
-    with the face's facial hair (and glasses) regions, on the same crop and scale:
+    with the face's glasses and/or facial hair regions, on the same crop and scale:
     what of the face is not its skin, to be kept on a target and rejected from a
     source."""
-    return occ.on_face_crop(image, np.asarray(landmarks, np.float64), _regions_and_occluders,
-                            scale=scale)
+    finders: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = [occ.occluders_on_crop]
+    if glasses:
+        finders.append(glasses_mask)
+    if facial_hair:
+        finders.append(facial_hair_mask)
+
+    def union(crop: np.ndarray, lm: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.maximum.reduce([f(crop, lm) for f in finders])
+        return out
+
+    return occ.on_face_crop(image, np.asarray(landmarks, np.float64), union, scale=scale)

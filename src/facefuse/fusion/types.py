@@ -109,10 +109,13 @@ class FuseOptions:
     symmetric_fill: bool = _option(True, cli="--no-symmetric-fill", help=(
         "Where the source photo hides or squeezes part of the face the target shows (a "
         "turned head), take it from the mirrored other half of the source face."))
-    hair_and_glasses: bool = _option(False, cli="--hair-and-glasses", help=(
-        "Also find facial hair (beard, moustache, stubble) and glasses frames as regions: "
-        "the target's are kept, the source's never carried. Off by default: it costs "
-        "about a third of the fusion stage and, on stubbled sources, some identity."))
+    glasses: bool = _option(True, cli="--no-glasses", help=(
+        "Find glasses frames (and their lens reflections) as regions: the target's are "
+        "kept bit-exact, the source's never carried."))
+    facial_hair: bool = _option(False, cli="--facial-hair", help=(
+        "Also find facial hair (beard, moustache, stubble) as regions: the target's is "
+        "kept, the source's never carried. Off by default: it costs about a third of the "
+        "fusion stage and, on stubbled sources, some identity."))
     min_face_size: float = _option(
         MIN_EYE_DISTANCE_PX, low=MIN_FACE_SIZE_RANGE[0], high=MIN_FACE_SIZE_RANGE[1],
         unit="pixels", cli="--min-face-size", metavar="PX", help=(

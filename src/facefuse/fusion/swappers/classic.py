@@ -274,8 +274,10 @@ class ClassicSwapper:
         w_tex = options.texture_weight
         relight = options.relight and w_tex > 0.0
         src_occ = tgt_occ = None
-        # Facial hair and glasses as regions too, when asked (see FuseOptions).
-        find_occluders = regions.face_occluders if options.hair_and_glasses else occ.occluder_mask
+        # Glasses (and facial hair, when asked) as regions too (see FuseOptions).
+        def find_occluders(image: np.ndarray, lm: np.ndarray, scale: float = 1.0) -> np.ndarray:
+            return regions.face_occluders(image, lm, scale=scale, glasses=options.glasses,
+                                          facial_hair=options.facial_hair)
         if options.reject_source_occluders and w_tex > 0.0:
             src_occ = find_occluders(
                 src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm)))
