@@ -104,13 +104,12 @@ def test_glasses_are_found(samples: dict[str, Sample], kind: FrameKind) -> None:
 @pytest.mark.parametrize("kind", ["metal", "plastic"])
 def test_target_glasses_are_kept_and_source_glasses_rejected(
         fuser: FaceFuser, samples: dict[str, Sample], kind: FrameKind) -> None:
-    """By default (no option asked): glasses are regions, not colour outliers."""
-    off = FuseOptions(glasses=False)
+    """With the option, glasses are regions, not colour outliers."""
+    on, off = FuseOptions(glasses=True), FuseOptions()
     for s, t, donor in PAIRS:
         kept, _ = glasses_survival_trial(fuser, samples[s], samples[t], kind, samples[donor],
-                                         FuseOptions())
-        leak, _ = glasses_leak_trial(fuser, samples[s], samples[t], kind, samples[donor],
-                                     FuseOptions())
+                                         on)
+        leak, _ = glasses_leak_trial(fuser, samples[s], samples[t], kind, samples[donor], on)
         assert kept >= 0.7, (s, t, kind, kept)  # the 60-px astronaut face is the worst
         assert leak <= 0.1, (s, t, kind, leak)
         kept_off, _ = glasses_survival_trial(fuser, samples[s], samples[t], kind,
