@@ -74,6 +74,13 @@ redis.call('hset', KEYS[1], 'state', 'succeeded', 'finished', ARGV[3], 'report',
 redis.call('expire', KEYS[1], ARGV[2])
 return 1
 """
+# Back to queued: only a running job (a finished one keeps its state and result).
+_REQUEUE = """
+if redis.call('hget', KEYS[1], 'state') ~= 'running' then return 0 end
+redis.call('hset', KEYS[1], 'state', 'queued', 'frames_done', 0, 'fps', 0)
+redis.call('zadd', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
 # Move to a final state unless already final.
 _END = """
 local s = redis.call('hget', KEYS[1], 'state')
@@ -189,6 +196,7 @@ class JobStore:
         self._claim = self.r.register_script(_CLAIM)
         self._finish = self.r.register_script(_FINISH)
         self._end = self.r.register_script(_END)
+        self._requeue = self.r.register_script(_REQUEUE)
 
     # ---- the API side ---------------------------------------------------------------------
 
@@ -309,11 +317,10 @@ class JobStore:
             self._drop_files(job_id, self._files(job_id))
         return done
 
-    def requeue(self, job_id: str) -> None:
-        """Back to queued (a worker shutting down hands its job on)."""
-        if self.r.hget(_P + job_id, "state") == b"running":
-            self.r.hset(_P + job_id, mapping={"state": "queued", "frames_done": 0, "fps": 0})
-            self.r.zadd(_QUEUED, {job_id: time.time()})
+    def requeue(self, job_id: str) -> bool:
+        """Back to queued (a worker shutting down hands its job on); atomic, and only
+        from ``running``: False when the job had ended meanwhile."""
+        return bool(self._requeue(keys=[_P + job_id, _QUEUED], args=[time.time(), job_id]))
 
     # ---- helpers ---------------------------------------------------------------------------
 

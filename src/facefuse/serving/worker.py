@@ -8,8 +8,16 @@ where another worker (a new replica) can take it. Models load once, at start.
 Signals:
 
 * SIGTERM / SIGINT: stop taking jobs; the running job has ``shutdown_grace_s``
-  to finish, then it is handed back to the queue (state ``queued`` again) and the
-  process exits. No job is dropped.
+  to finish, then it is handed back to the queue (state ``queued`` again) at its
+  next frame and the process exits. The whole shutdown is bounded: a job that has
+  not stopped :data:`HAND_BACK_S` after the grace (one frame stuck on a starved
+  machine) is put back on the queue by the main thread (its record and its
+  Dramatiq message) and the process ends anyway, so the stop takes at most
+  ``shutdown_grace_s + SHUTDOWN_MARGIN_S``. The process ends with ``os._exit``
+  once the job is handed on: the interpreter's own teardown (a final garbage
+  collection over the loaded models, the ONNX Runtime sessions freed one by one)
+  does nothing a stopped worker needs and took tens of seconds on a loaded
+  machine. A second signal hands the job back at once. No job is dropped.
 * Redis restarting or failing over mid-job: progress writes and cancel checks are
   skipped while it is away; the job's bookkeeping (claim, result, errors) waits up
   to :data:`REDIS_PATIENCE_S` for it to come back.
@@ -25,16 +33,18 @@ Metrics (Prometheus, ``--metrics-port``): ``facefuse_jobs_total{kind,outcome}``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from facefuse.config import Settings
 from facefuse.errors import CancelledError, FacefuseError
@@ -53,6 +63,14 @@ PROGRESS_EVERY_S = 0.5
 _CLIP_TYPES = {"mp4": "video/mp4", "webm": "video/webm", "mkv": "video/x-matroska",
                "mov": "video/quicktime"}
 
+
+#: Seconds a running job has, after the shutdown grace, to stop at a frame and hand
+#: itself back before the main thread requeues it and the process exits anyway.
+HAND_BACK_S = 10.0
+#: What a stop takes at most beyond ``shutdown_grace_s``, seconds: the hand-back,
+#: the requeue of a stuck job and the exit. Deployments give a worker
+#: ``shutdown_grace_s + SHUTDOWN_MARGIN_S`` before they SIGKILL it.
+SHUTDOWN_MARGIN_S = 30.0
 
 #: How long a job's bookkeeping waits for Redis to come back (a restart, a failover)
 #: before the attempt gives up, seconds.
@@ -106,8 +124,17 @@ class JobRunner:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         #: Set when the process is shutting down and the grace period is over.
         self.handing_back = threading.Event()
+        #: The id of the job running now, None between jobs.
+        self.current: str | None = None
 
     def __call__(self, job_id: str) -> None:
+        self.current = job_id
+        try:
+            self._attempt(job_id)
+        finally:
+            self.current = None
+
+    def _attempt(self, job_id: str) -> None:
         attempt = patient(self.store.claim, job_id, self.name)
         if attempt is None:
             log.info("job %s is gone or over; skipped", job_id)
@@ -193,6 +220,28 @@ class JobRunner:
             return out.read_bytes(), _CLIP_TYPES[out_format], report.to_dict()
 
 
+def in_flight() -> Any:
+    """A Dramatiq middleware whose ``message`` is the message being processed (None
+    between messages), so that a shutdown can put it back on its queue when its job
+    does not stop in time."""
+    from dramatiq import Middleware
+
+    class InFlight(Middleware):
+        message: Any = None
+
+        def before_process_message(self, broker: Any, message: Any) -> None:
+            self.message = message
+
+        def after_process_message(self, broker: Any, message: Any, *, result: Any = None,
+                                  exception: BaseException | None = None) -> None:
+            self.message = None
+
+        def after_skip_message(self, broker: Any, message: Any) -> None:
+            self.message = None
+
+    return InFlight()
+
+
 class WorkerMetrics:
     """The worker's Prometheus metrics (see the module docstring)."""
 
@@ -223,12 +272,16 @@ class WorkerMetrics:
             self.oldest.set(age)
 
 
-def run_worker(settings: Settings, *, metrics_port: int = 0) -> int:
-    """Run a worker until SIGTERM/SIGINT (see the module docstring); returns 0."""
+def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
+    """Run a worker until SIGTERM/SIGINT, hand its job on and end the process with
+    status 0 (see the module docstring: the stop is bounded, the exit skips the
+    interpreter's teardown)."""
     import dramatiq
     from dramatiq import Worker
 
     q = broker(settings)
+    flight = in_flight()
+    q.add_middleware(flight)
     store = JobStore(settings)
     fuser = FaceFuser(settings)
     metrics = WorkerMetrics()
@@ -245,23 +298,53 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> int:
         start_http_server(metrics_port, registry=metrics.registry)
     threading.Thread(target=metrics.poll, args=(store, stop), daemon=True,
                      name="queue-gauges").start()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():  # a second signal: no more grace
+            runner.handing_back.set()
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     worker = Worker(q, worker_threads=1, worker_timeout=1000)
     worker.queue_prefetch = 1  # one job at a time: the rest wait where others can take them
     worker.start()
     log.warning("facefuse worker ready", extra={"fields": {"worker": runner.name}})
     print(f"facefuse worker {runner.name} ready", flush=True)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     stop.wait()
-    # Finish the running job within the grace period, then hand it back.
-    timer = threading.Timer(settings.shutdown_grace_s, runner.handing_back.set)
+    shut_down(worker, runner, flight, settings.shutdown_grace_s)
+    print(f"facefuse worker {runner.name} stopped", flush=True)
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
+
+
+def shut_down(worker: Any, runner: JobRunner, flight: Any, grace_s: float) -> bool:
+    """Stop the Dramatiq ``worker`` within ``grace_s + HAND_BACK_S`` (plus the
+    consumers' last poll): the running job finishes within ``grace_s`` or hands
+    itself back at its next frame; one still running after that is requeued here
+    (record and message). True when the job stopped by itself (or none ran)."""
+    timer = threading.Timer(grace_s, runner.handing_back.set)
     timer.daemon = True
     timer.start()
-    worker.stop(timeout=int((settings.shutdown_grace_s + 30) * 1000))
+    bound = grace_s + HAND_BACK_S
+    stopper = threading.Thread(target=worker.stop, kwargs={"timeout": int(bound * 1000)},
+                               daemon=True, name="worker-stop")
+    stopper.start()
+    stopper.join(bound + 5.0)  # Dramatiq's stop: the job's thread, then a consumer poll
     timer.cancel()
-    print(f"facefuse worker {runner.name} stopped", flush=True)
-    return 0
+    job_id, message = runner.current, flight.message
+    if job_id is None and not stopper.is_alive():
+        return True
+    log.warning("job %s did not stop within %.0f s of the signal; requeued", job_id, bound)
+    if job_id is not None:
+        with contextlib.suppress(Exception):
+            patient(runner.store.requeue, job_id, seconds=5.0)
+    if message is not None:
+        # Back on its queue now, not when this worker's heartbeats are missed.
+        with contextlib.suppress(Exception):
+            worker.broker.do_requeue(message.queue_name,
+                                     message.options["redis_message_id"])
+    return False
