@@ -282,3 +282,33 @@ def test_cancel_leaves_no_output(video: VideoFuser, clips: dict[str, Path],
     with pytest.raises(CancelledError):
         video.fuse_video(sample_paths[SOURCE], clips["motion"], out, cancelled=cancelled)
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_rendering_frames_at_once_gives_the_one_at_a_time_clip(
+        video: VideoFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        tmp_path: Path) -> None:
+    """Frames rendered in a pool while the next are tracked (the tone filter reset at
+    the cut applied in frame order) make exactly the clip of one frame at a time."""
+    outs = []
+    for threads in (1, 3):
+        out = tmp_path / f"t{threads}.mp4"
+        report = video.fuse_video(sample_paths[SOURCE], clips["story"], out,
+                                  VideoOptions(fuse=FuseOptions(mode="many"), threads=threads))
+        assert report.cuts == 1 and report.fused_frames == 32
+        outs.append(frames_of(out))
+    assert len(outs[0]) == len(outs[1]) == 32
+    for a, b in zip(*outs, strict=True):
+        assert a[0] == b[0] and np.array_equal(a[3], b[3])
+
+
+def test_a_clips_frames_share_the_sources_work(fuser: FaceFuser, clips: dict[str, Path],
+                                              sample_paths: dict[str, Path]) -> None:
+    cache = fuser.swappers["classic"].sources  # type: ignore[attr-defined]
+    before = (cache.hits, cache.misses)
+    fused = sum(bool(s.fused) for _, s in run_states(fuser, clips["motion"], VideoOptions(),
+                                                     sample_paths))
+    hits, misses = cache.hits - before[0], cache.misses - before[1]
+    assert fused == 16 and hits + misses == 16
+    # The face's size changes a little in the clip: the source's working scale is on
+    # a coarse grid, so nearly every frame finds the work of one before it.
+    assert misses <= 3
