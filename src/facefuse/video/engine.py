@@ -115,7 +115,8 @@ class VideoOptions:
 @dataclass
 class FrameStats:
     """What happened in one frame: whether the detector ran, which tracks are in
-    view and which were fused, and the smoothed (478, 3) mesh of each fused face."""
+    view and which were fused, the smoothed (478, 3) mesh of each fused face, and
+    the boxes (x0, y0, x1, y1) of the frame the fused faces changed."""
 
     detected: bool
     cut: bool
@@ -123,6 +124,7 @@ class FrameStats:
     fused: list[int]
     landmarks: dict[int, np.ndarray] = field(default_factory=dict)
     raw_landmarks: dict[int, np.ndarray] = field(default_factory=dict)
+    regions: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -338,6 +340,7 @@ class ClipFusion:
                     layer, face=x.tone(x.resets, layer.face, layer.mask, plan.t))
             blend_layer(out, layer, self.options.fuse.blend, self.fuser.pixels)
             stats.fused.append(x.track.id)
+            stats.regions.append(layer.region)
         return out, stats
 
     # ---- the steps --------------------------------------------------------------------------
@@ -484,7 +487,7 @@ class VideoFuser:
                 return
             item, plan, layers = head
             fused, stats = state.finish(plan, layers.result())
-            sink.put((item, fused))
+            sink.put((item, fused, stats.regions))
             report.frames += 1
             report.fused_frames += bool(stats.fused)
             if progress is not None:
@@ -594,12 +597,12 @@ class _Sink:
                 if isinstance(item, AudioPacket):
                     self._writer.write_audio(item)
                 else:
-                    frame, rgb = item
-                    self._writer.write(frame, rgb)
+                    self._writer.write(*item)
             except BaseException as exc:
                 self._error = exc
 
-    def put(self, item: AudioPacket | tuple[Frame, np.ndarray]) -> None:
+    def put(self, item: AudioPacket | tuple[Frame, np.ndarray,
+                                            list[tuple[int, int, int, int]]]) -> None:
         if self._error is not None:
             raise self._error
         self._q.put(item)
