@@ -282,3 +282,85 @@ def test_cancel_leaves_no_output(video: VideoFuser, clips: dict[str, Path],
     with pytest.raises(CancelledError):
         video.fuse_video(sample_paths[SOURCE], clips["motion"], out, cancelled=cancelled)
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_rendering_frames_at_once_gives_the_one_at_a_time_clip(
+        video: VideoFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        tmp_path: Path) -> None:
+    """Frames rendered in a pool while the next are tracked (the tone filter reset at
+    the cut applied in frame order) make exactly the clip of one frame at a time."""
+    outs = []
+    for threads in (1, 3):
+        out = tmp_path / f"t{threads}.mp4"
+        report = video.fuse_video(sample_paths[SOURCE], clips["story"], out,
+                                  VideoOptions(fuse=FuseOptions(mode="many"), threads=threads))
+        assert report.cuts == 1 and report.fused_frames == 32
+        outs.append(frames_of(out))
+    assert len(outs[0]) == len(outs[1]) == 32
+    for a, b in zip(*outs, strict=True):
+        assert a[0] == b[0] and np.array_equal(a[3], b[3])
+
+
+def test_a_clips_frames_share_the_sources_work(fuser: FaceFuser, clips: dict[str, Path],
+                                              sample_paths: dict[str, Path]) -> None:
+    cache = fuser.swappers["classic"].sources  # type: ignore[attr-defined]
+    before = (cache.hits, cache.misses)
+    fused = sum(bool(s.fused) for _, s in run_states(fuser, clips["motion"], VideoOptions(),
+                                                     sample_paths))
+    hits, misses = cache.hits - before[0], cache.misses - before[1]
+    assert fused == 16 and hits + misses == 16
+    # The face's size changes a little in the clip: the source's working scale is on
+    # a coarse grid, so nearly every frame finds the work of one before it.
+    assert misses <= 3
+
+
+def test_the_writer_converts_only_the_changed_boxes(clips: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """Told where a frame changed, the writer reuses the decoded picture elsewhere:
+    the box holds the new pixels, and the rest is closer to the input than a round
+    trip of the whole frame through RGB."""
+    from facefuse.video.codecs import encoder
+    from facefuse.video.io import VideoWriter, conversion, patched_picture, picture_plane
+
+    src = clips["motion"]
+    info = probe(src)
+    frames = [f for f in VideoReader(src, info) if isinstance(f, Frame)]
+    assert all(f.coded is not None for f in frames)
+    box = (101, 61, 260, 231)  # odd corners: grown to even pixels
+    decoded = {}
+    for mode, changed in (("whole", None), ("boxes", [box])):
+        out = tmp_path / f"{mode}.mp4"
+        with VideoWriter(out, info, encoder("vp9"), src) as writer:
+            for f in frames:
+                rgb = f.rgb.copy()
+                rgb[61:231, 101:260] = 255 - rgb[61:231, 101:260]
+                writer.write(f, rgb, changed)
+        decoded[mode] = np.stack([f[3] for f in frames_of(out)]).astype(np.float32)
+    inp = np.stack([f.rgb for f in frames]).astype(np.float32)
+    want = inp.copy()
+    want[:, 61:231, 101:260] = 255 - want[:, 61:231, 101:260]
+    outside = np.ones(inp.shape[1:3], bool)
+    outside[55:237, 95:266] = False
+    for mode in decoded:
+        assert np.abs(decoded[mode] - want)[:, 65:227, 105:256].mean() < 4.0
+    err = {m: float(np.abs(d - inp)[:, outside].mean()) for m, d in decoded.items()}
+    assert err["boxes"] < err["whole"]
+    # Before the encoder: the decoded planes exactly, but for the box grown to even
+    # pixels, whose luma is the whole frame's conversion.
+    f = frames[3]
+    rgb = f.rgb.copy()
+    rgb[61:231, 101:260] = 0
+    picture = patched_picture(f.coded, rgb, [box], *conversion(info))
+    whole = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
+        format="yuv420p", dst_colorspace=conversion(info)[0],
+        dst_color_range=conversion(info)[1])
+    y, y_in, y_all = (picture_plane(x, 0) for x in (picture, f.coded, whole))
+    grown = np.zeros(y.shape, bool)
+    grown[60:232, 100:260] = True
+    assert np.array_equal(y[~grown], y_in[~grown]) and np.array_equal(y[grown], y_all[grown])
+    assert not np.array_equal(y, y_in)
+    for i in (1, 2):
+        u, u_in = picture_plane(picture, i), picture_plane(f.coded, i)
+        half = np.zeros(u.shape, bool)
+        half[30:116, 50:130] = True
+        assert np.array_equal(u[~half], u_in[~half])

@@ -17,13 +17,21 @@ def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_path
                                                     tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "video.py"), "--sizes", "480", "--frames", "6",
-         "--workers", "1", "--repeat", "1", "--out", str(tmp_path)],
+         "--workers", "1", "--repeat", "1", "--profile", "--long-seconds", "0.4",
+         "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads((tmp_path / "video.json").read_text())["rows"]
+    result = json.loads((tmp_path / "video.json").read_text())
+    rows = result["rows"]
     kinds = {(r["kind"], r["workers"]): r for r in rows}
     assert set(kinds) == {("facefuse", 1), ("naive", 1)}
     engine = kinds[("facefuse", 1)]
     assert engine["frames"] == 6 and engine["fps"] > 0 and engine["peak_rss_mb"] > 0
     assert engine["jitter_smooth_pct"] < engine["jitter_raw_pct"]
     assert 0 < engine["flicker"] < 5
+    # The stage profile: the frame's CPU split into its parts, each inside the whole.
+    stages = dict(result["profile"]["stages"])
+    frame = stages["frame (`ClipFusion.process`)"]
+    assert frame > 0 and 0 < stages["render (`ClassicSwapper.render`)"] < frame
+    assert all(0 <= ms <= frame for ms in stages.values())
+    assert result["long"]["frames"] == 10 and result["long"]["peak_rss_mb"] > 0

@@ -212,9 +212,32 @@ TONE_PX_PER_SIGMA = 8.0
 TONE_MIN_PAIRS = 20
 
 
+def tone_colours(source_img: np.ndarray, source_lm: np.ndarray, eye_px: float,
+                 outline: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """The source's colours low-passed within its face outline (σ = :data:`TONE_SIGMA`
+    eye distances; nothing of the background counts), on a copy reduced to about
+    :data:`TONE_PX_PER_SIGMA` pixels per σ: ``(low (h', w', 3) float32, k)`` with
+    ``k`` the reduced copy's pixels per source pixel. Depends on the source alone
+    (:func:`side_tone` reads it; a caller may keep it). ``outline``: as for
+    :func:`side_tone`."""
+    h, w = source_img.shape[:2]
+    sigma = max(1.0, TONE_SIGMA * eye_px)
+    k = min(1.0, TONE_PX_PER_SIGMA / sigma)
+    small = (max(1, round(w * k)), max(1, round(h * k)))
+    if outline is None:
+        outline = outline_mask(source_lm, source_img.shape)
+    face = cv2.resize(outline, small, interpolation=cv2.INTER_AREA)
+    img = cv2.resize(np.asarray(source_img, np.float32), small, interpolation=cv2.INTER_AREA)
+    num = cv2.GaussianBlur(img * face[..., None], (0, 0), sigma * k)
+    den = cv2.GaussianBlur(face, (0, 0), sigma * k)
+    low: np.ndarray = num / np.maximum(den, 1e-3)[..., None]
+    return low, k
+
+
 def side_tone(source_img: np.ndarray, source_lm: np.ndarray, tris: np.ndarray,
               eye_px: float, occluders: np.ndarray | None = None,
-              outline: np.ndarray | None = None) -> np.ndarray:
+              outline: np.ndarray | None = None,
+              colours: tuple[np.ndarray, float] | None = None) -> np.ndarray:
     """Per vertex (468, 3): the source's lighting at vertex ``i`` over its lighting
     at the mirror vertex.
 
@@ -229,24 +252,15 @@ def side_tone(source_img: np.ndarray, source_lm: np.ndarray, tris: np.ndarray,
     offset between the two vertices (a side-to-side lighting slope: odd in the
     offset, as the ratio is), which extends to the face's edges; all ones when
     fewer than :data:`TONE_MIN_PAIRS` pairs are measured. ``outline``: the source's
-    (H, W) float32 face-outline mask when the caller has it (else computed).
+    (H, W) float32 face-outline mask when the caller has it (else computed);
+    ``colours``: :func:`tone_colours` of this source when the caller kept it.
     """
     lm = np.asarray(source_lm[:MESH_POINTS], np.float64)
-    # Low-passed within the face outline only (nothing of the background counts),
-    # on a copy reduced to about 8 pixels per σ: the colours are smooth anyway.
     h, w = source_img.shape[:2]
-    sigma = max(1.0, TONE_SIGMA * eye_px)
-    k = min(1.0, TONE_PX_PER_SIGMA / sigma)
-    small = (max(1, round(w * k)), max(1, round(h * k)))
-    if outline is None:
-        outline = outline_mask(source_lm, source_img.shape)
-    face = cv2.resize(outline, small, interpolation=cv2.INTER_AREA)
-    img = cv2.resize(np.asarray(source_img, np.float32), small, interpolation=cv2.INTER_AREA)
-    num = cv2.GaussianBlur(img * face[..., None], (0, 0), sigma * k)
-    den = cv2.GaussianBlur(face, (0, 0), sigma * k)
-    low = num / np.maximum(den, 1e-3)[..., None]
-    xs = np.clip(np.rint(lm[:, 0] * k).astype(np.intp), 0, small[0] - 1)
-    ys = np.clip(np.rint(lm[:, 1] * k).astype(np.intp), 0, small[1] - 1)
+    low, k = colours if colours is not None else tone_colours(source_img, source_lm, eye_px,
+                                                              outline)
+    xs = np.clip(np.rint(lm[:, 0] * k).astype(np.intp), 0, low.shape[1] - 1)
+    ys = np.clip(np.rint(lm[:, 1] * k).astype(np.intp), 0, low.shape[0] - 1)
     colour = np.maximum(low[ys, xs].astype(np.float64), 1.0)
     xi = np.clip(np.rint(lm[:, 0]).astype(np.intp), 0, w - 1)
     yi = np.clip(np.rint(lm[:, 1]).astype(np.intp), 0, h - 1)

@@ -16,8 +16,11 @@ CLIP -o OUT``). Work is done once, not per frame:
 * the **landmarks** each frame is fused with go through a 1€ filter (steady when
   still, no lag when moving) and the rendered face's **tone** through another
   (:mod:`facefuse.video.smoothing`), both reset at a cut;
-* frames are decoded, fused and encoded in three threads joined by bounded
-  queues: memory holds a window of frames (``window``), never the clip.
+* frames are decoded, fused and encoded in threads joined by bounded queues:
+  the per-frame state machine (cut test, tracking, detection, smoothing) runs in
+  frame order, and each frame's faces are rendered in a pool of ``threads``
+  threads while the next frames are tracked (the renders are NumPy/OpenCV work
+  that releases the GIL); memory holds a window of frames, never the clip.
 
 The renderer is whatever the :class:`~facefuse.fusion.engine.FaceFuser` has for
 ``options.swapper``; this module sees only its :class:`FaceLayer` s.
@@ -29,7 +32,9 @@ import dataclasses
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,7 +49,7 @@ from facefuse.fusion.engine import FaceFuser, blend_layer
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.mapping import FacePair, iou, parse_mapping
 from facefuse.fusion.select import check_usable, pick_source, usability_error
-from facefuse.fusion.swappers.base import Swapper
+from facefuse.fusion.swappers.base import FaceLayer, Swapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import ImageInput
 from facefuse.video.codecs import DEFAULT_ENCODER, encoder
@@ -60,7 +65,8 @@ from facefuse.video.io import (
 from facefuse.video.smoothing import ToneStabiliser
 from facefuse.video.tracker import Track, Tracker, detection_from_mesh
 
-__all__ = ["ClipFusion", "FrameStats", "Progress", "VideoFuser", "VideoOptions", "VideoReport"]
+__all__ = ["ClipFusion", "FramePlan", "FrameStats", "Progress", "VideoFuser", "VideoOptions",
+           "VideoReport"]
 
 T = TypeVar("T")
 
@@ -85,6 +91,8 @@ class VideoOptions:
             (1: detect on every frame).
         smooth: 1€ smoothing of landmarks and tone (off: each frame's raw fit).
         window: frames in flight between the decoder, the fusion and the encoder.
+        threads: frames rendered at once (the renders of frame ``n`` overlap the
+            tracking of frame ``n + 1``; 1: one frame at a time).
     """
 
     fuse: FuseOptions = field(default_factory=FuseOptions)
@@ -92,6 +100,7 @@ class VideoOptions:
     detect_every: int = 10
     smooth: bool = True
     window: int = 8
+    threads: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.detect_every, int) or not 1 <= self.detect_every <= 300:
@@ -99,12 +108,15 @@ class VideoOptions:
                                        code="invalid_detect_every")
         if not 1 <= self.window <= 64:
             raise InvalidArgumentError("window must be in 1..64", code="invalid_window")
+        if not 1 <= self.threads <= 16:
+            raise InvalidArgumentError("threads must be in 1..16", code="invalid_threads")
 
 
 @dataclass
 class FrameStats:
     """What happened in one frame: whether the detector ran, which tracks are in
-    view and which were fused, and the smoothed (478, 3) mesh of each fused face."""
+    view and which were fused, the smoothed (478, 3) mesh of each fused face, and
+    the boxes (x0, y0, x1, y1) of the frame the fused faces changed."""
 
     detected: bool
     cut: bool
@@ -112,6 +124,7 @@ class FrameStats:
     fused: list[int]
     landmarks: dict[int, np.ndarray] = field(default_factory=dict)
     raw_landmarks: dict[int, np.ndarray] = field(default_factory=dict)
+    regions: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -149,6 +162,53 @@ class _Source:
     face: Face
 
 
+@dataclass
+class _Tone:
+    """A track's tone stabiliser, reset in frame order: the tracker resets a track's
+    filters while a frame is planned (:meth:`reset` counts it), and
+    :meth:`ClipFusion.finish` applies that when it reaches the frame, so frames
+    still being rendered before it keep the old state."""
+
+    stabiliser: ToneStabiliser = field(default_factory=ToneStabiliser)
+    resets: int = 0
+    applied: int = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def __call__(self, resets: int, face: np.ndarray, mask: np.ndarray, t: float
+                 ) -> np.ndarray:
+        """The stabilised ``face`` of the frame planned after ``resets`` resets."""
+        if resets > self.applied:
+            self.stabiliser.reset()
+            self.applied = resets
+        return self.stabiliser(face, mask, t)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A face to fuse in a frame: its track, its smoothed face, its source, and its
+    tone state with the resets counted when the frame was planned."""
+
+    track: Track
+    face: Face
+    source: _Source
+    tone: _Tone
+    resets: int
+
+
+@dataclass
+class FramePlan:
+    """One frame between :meth:`ClipFusion.plan` and :meth:`ClipFusion.finish`:
+    the decoded (H, W, 3) frame ``rgb``, its time ``t`` (seconds), what happened,
+    and the faces to fuse."""
+
+    rgb: np.ndarray
+    t: float
+    stats: FrameStats
+    targets: list[_Target]
+
+
 class ClipFusion:
     """The per-frame state machine (tracker, filters, source faces) of one clip.
 
@@ -163,6 +223,8 @@ class ClipFusion:
         self.analyser = fuser.analyser
         self.options = options
         fo = options.fuse
+        # Nothing reads a frame's evaluation measures: not computed.
+        self._render_options = dataclasses.replace(fo, evaluate=False)
         try:
             self.swapper: Swapper = fuser.swappers[fo.swapper]
         except KeyError:
@@ -215,7 +277,17 @@ class ClipFusion:
 
     def process(self, rgb: np.ndarray, index: int, t: float) -> tuple[np.ndarray, FrameStats]:
         """Fuse one upright RGB uint8 (H, W, 3) frame shown at ``t`` seconds; returns
-        the fused frame (a new array; ``rgb`` unchanged) and what happened."""
+        the fused frame (a new array; ``rgb`` unchanged) and what happened.
+
+        The same as :meth:`finish` of :meth:`render` of :meth:`plan`, which a
+        driver may split: ``plan`` and ``finish`` in frame order, ``render`` of
+        several frames at once in other threads."""
+        plan = self.plan(rgb, index, t)
+        return self.finish(plan, self.render(plan))
+
+    def plan(self, rgb: np.ndarray, index: int, t: float) -> FramePlan:
+        """The frame's cut test, tracking and detection, and its faces to fuse with
+        their smoothed meshes (in frame order: it moves the tracks on)."""
         cut = self._is_cut(rgb)
         if cut:
             self.cuts += 1
@@ -234,26 +306,41 @@ class ClipFusion:
         if detected:
             self._detect(rgb, index, cut)
         active = self.tracker.active
-        stats = FrameStats(detected, cut, [tr.id for tr in active], [])
-        out = rgb.copy()
+        plan = FramePlan(rgb, t, FrameStats(detected, cut, [tr.id for tr in active], []), [])
         fo = self.options.fuse
         if fo.degree == 0 and fo.shape in (None, 0) and fo.texture in (None, 0):
-            return out, stats
+            return plan
         for tr, src in self._targets(active):
             face = self._smoothed(tr, t)
             if usability_error(face, "target", fo.min_face_size) is not None:
                 continue
-            layer = self.swapper.render(src.rgb, src.face, out, face, fo)
-            if self.options.smooth:
-                if tr.tone is None:
-                    tr.tone = ToneStabiliser()
-                assert isinstance(tr.tone, ToneStabiliser)
-                layer = dataclasses.replace(layer, face=tr.tone(layer.face, layer.mask, t))
-            blend_layer(out, layer, fo.blend, self.fuser.pixels)
-            stats.fused.append(tr.id)
+            if not isinstance(tr.tone, _Tone):
+                tr.tone = _Tone()
+            plan.targets.append(_Target(tr, face, src, tr.tone, tr.tone.resets))
             assert face.landmarks is not None and tr.face.landmarks is not None
-            stats.landmarks[tr.id] = np.asarray(face.landmarks)
-            stats.raw_landmarks[tr.id] = np.asarray(tr.face.landmarks)
+            plan.stats.landmarks[tr.id] = np.asarray(face.landmarks)
+            plan.stats.raw_landmarks[tr.id] = np.asarray(tr.face.landmarks)
+        return plan
+
+    def render(self, plan: FramePlan) -> list[FaceLayer]:
+        """The rendered layer of each of the plan's faces, over the decoded frame.
+        Thread-safe: touches no state of the clip."""
+        return [self.swapper.render(x.source.rgb, x.source.face, plan.rgb, x.face,
+                                    self._render_options) for x in plan.targets]
+
+    def finish(self, plan: FramePlan, layers: Sequence[FaceLayer]) -> tuple[np.ndarray,
+                                                                             FrameStats]:
+        """The fused frame (a new array) from the plan's rendered ``layers``: each
+        face's tone steadied over time, then blended in (in frame order)."""
+        out = plan.rgb.copy()
+        stats = plan.stats
+        for x, layer in zip(plan.targets, layers, strict=True):
+            if self.options.smooth:
+                layer = dataclasses.replace(
+                    layer, face=x.tone(x.resets, layer.face, layer.mask, plan.t))
+            blend_layer(out, layer, self.options.fuse.blend, self.fuser.pixels)
+            stats.fused.append(x.track.id)
+            stats.regions.append(layer.region)
         return out, stats
 
     # ---- the steps --------------------------------------------------------------------------
@@ -389,25 +476,46 @@ class VideoFuser:
         state = ClipFusion(self.fuser, options, sources, reference=reference, mapping=mapping)
         report = VideoReport(info=info.to_dict(), encoder=enc.name, notes=list(state.notes))
         total = info.expected_frames
-        with VideoWriter(out, info, enc, clip) as writer:
+        # Frames planned, rendering in the pool, not yet finished (audio packets
+        # wait behind the frame before them, so the file order is kept).
+        pending: deque[tuple[Frame, FramePlan, Future[list[FaceLayer]]] | AudioPacket] = deque()
+
+        def finish_oldest() -> None:
+            head = pending.popleft()
+            if isinstance(head, AudioPacket):
+                sink.put(head)
+                return
+            item, plan, layers = head
+            fused, stats = state.finish(plan, layers.result())
+            sink.put((item, fused, stats.regions))
+            report.frames += 1
+            report.fused_frames += bool(stats.fused)
+            if progress is not None:
+                progress(report.frames, max(total, report.frames),
+                         report.frames / max(time.perf_counter() - t0, 1e-6))
+
+        with (VideoWriter(out, info, enc, clip) as writer,
+              ThreadPoolExecutor(options.threads, thread_name_prefix="render") as pool):
             reader = _Pipe(iter(VideoReader(clip, info, self.limits)), options.window, "decode")
             sink = _Sink(writer, options.window)
             try:
                 for item in reader:
                     if isinstance(item, AudioPacket):
-                        sink.put(item)
+                        pending.append(item)
                         continue
                     if cancelled is not None and cancelled():
                         raise CancelledError("the clip was cancelled")
-                    fused, stats = state.process(item.rgb, item.index, item.time_s)
-                    sink.put((item, fused))
-                    report.frames += 1
-                    report.fused_frames += bool(stats.fused)
-                    if progress is not None:
-                        progress(report.frames, max(total, report.frames),
-                                 report.frames / max(time.perf_counter() - t0, 1e-6))
+                    plan = state.plan(item.rgb, item.index, item.time_s)
+                    pending.append((item, plan, pool.submit(state.render, plan)))
+                    while sum(not isinstance(x, AudioPacket) for x in pending) > options.threads:
+                        finish_oldest()
+                while pending:
+                    finish_oldest()
                 sink.close()
             except BaseException:
+                for x in pending:
+                    if not isinstance(x, AudioPacket):
+                        x[2].cancel()
                 reader.stop()
                 sink.abort()
                 raise
@@ -489,12 +597,12 @@ class _Sink:
                 if isinstance(item, AudioPacket):
                     self._writer.write_audio(item)
                 else:
-                    frame, rgb = item
-                    self._writer.write(frame, rgb)
+                    self._writer.write(*item)
             except BaseException as exc:
                 self._error = exc
 
-    def put(self, item: AudioPacket | tuple[Frame, np.ndarray]) -> None:
+    def put(self, item: AudioPacket | tuple[Frame, np.ndarray,
+                                            list[tuple[int, int, int, int]]]) -> None:
         if self._error is not None:
             raise self._error
         self._q.put(item)

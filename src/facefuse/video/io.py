@@ -15,6 +15,10 @@ Security and fidelity spec, in order:
    the output is tagged with them. Frames are handed over upright (the display
    matrix's quarter turn applied) and turned back before encoding; the output
    carries the same display matrix, so players show it exactly as the input.
+   When the writer is told which regions of a frame changed (the fused faces)
+   and the clip is 8-bit 4:2:0 without a quarter turn, only those regions are
+   converted back: the rest of the frame is the decoded picture itself (no
+   round trip through RGB, and a fraction of the conversion's cost).
 3. **Audio** packets are copied into the output untouched, interleaved in the
    order they were read (never decoded).
 4. **Atomic output.** :class:`VideoWriter` writes to a temporary file beside the
@@ -28,8 +32,8 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,8 @@ __all__ = ["AudioPacket", "Frame", "VideoInfo", "VideoLimits", "VideoReader", "V
 _BT709, _BT601 = 1, 6
 #: FFmpeg's AVColorRange: unspecified (read as limited), limited (MPEG), full (JPEG).
 _RANGE_MPEG, _RANGE_JPEG = 1, 2
+#: Decoded layouts (8-bit 4:2:0 planes) the writer can reuse outside the changed regions.
+_REUSABLE = frozenset({"yuv420p", "yuvj420p"})
 
 
 @dataclass(frozen=True)
@@ -118,12 +124,15 @@ class VideoInfo:
 @dataclass
 class Frame:
     """One decoded frame: ``rgb`` upright RGB uint8 (H, W, 3); ``pts`` in the
-    stream's time base (None: none stored); ``index`` from 0; ``time_s`` seconds."""
+    stream's time base (None: none stored); ``index`` from 0; ``time_s`` seconds;
+    ``coded``: the decoded picture (a PyAV frame) when the writer can reuse its
+    planes (8-bit 4:2:0, even size, no quarter turn), else None."""
 
     index: int
     pts: int | None
     time_s: float
     rgb: np.ndarray
+    coded: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -269,7 +278,9 @@ class VideoReader:
                         pts = frame.pts
                         t = (float((pts - start) * info.time_base) if pts is not None
                              else index / float(info.fps))
-                        yield Frame(index, pts, t, rgb)
+                        reusable = (not turns and frame.format.name in _REUSABLE
+                                    and frame.width % 2 == 0 and frame.height % 2 == 0)
+                        yield Frame(index, pts, t, rgb, frame if reusable else None)
                         index += 1
             except av.error.FFmpegError as exc:
                 raise InvalidVideoError(f"frame {index} cannot be decoded: {exc}",
@@ -331,15 +342,23 @@ class VideoWriter:
             self._audio = out.add_stream_from_template(self._src.streams.audio[0])
         return self
 
-    def write(self, frame: Frame, rgb: np.ndarray) -> None:
-        """Encode ``rgb`` (upright RGB uint8, the frame's size) at ``frame``'s time."""
+    def write(self, frame: Frame, rgb: np.ndarray,
+              changed: Sequence[tuple[int, int, int, int]] | None = None) -> None:
+        """Encode ``rgb`` (upright RGB uint8, the frame's size) at ``frame``'s time.
+
+        ``changed``: the boxes (x0, y0, x1, y1) outside which ``rgb`` is
+        ``frame.rgb`` (None: anywhere); with them, and a reusable decoded picture,
+        only they are converted (see the module docstring)."""
         import av
 
         turns = self.info.rotation // 90
-        coded = np.ascontiguousarray(np.rot90(rgb, -turns)) if turns else rgb
         matrix, rng = conversion(self.info)
-        vf = av.VideoFrame.from_ndarray(coded, format="rgb24").reformat(
-            format="yuv420p", dst_colorspace=matrix, dst_color_range=rng)
+        if changed is not None and frame.coded is not None and not turns:
+            vf = patched_picture(frame.coded, rgb, changed, matrix, rng)
+        else:
+            coded = np.ascontiguousarray(np.rot90(rgb, -turns)) if turns else rgb
+            vf = av.VideoFrame.from_ndarray(coded, format="rgb24").reformat(
+                format="yuv420p", dst_colorspace=matrix, dst_color_range=rng)
         pts = frame.pts
         if pts is None:
             pts = round(frame.index / float(self.info.fps) / float(self.info.time_base))
@@ -377,6 +396,39 @@ class VideoWriter:
             os.replace(self._tmp, self.dest)
         else:
             self._tmp.unlink(missing_ok=True)
+
+
+def picture_plane(frame: Any, i: int) -> np.ndarray:
+    """A writable (h, w) uint8 view of plane ``i`` of a PyAV frame."""
+    p = frame.planes[i]
+    rows: np.ndarray = np.frombuffer(p, np.uint8)[:p.line_size * p.height]
+    return rows.reshape(p.height, p.line_size)[:, :p.width]
+
+
+def patched_picture(decoded: Any, rgb: np.ndarray, changed: Sequence[tuple[int, int, int, int]],
+             matrix: str, rng: str) -> Any:
+    """A yuv420p copy of the ``decoded`` picture (8-bit 4:2:0, even size) with each
+    ``changed`` box (grown to even pixels) replaced by ``rgb`` converted with the
+    stream's colour ``matrix`` and range ``rng``."""
+    import av
+
+    h, w = rgb.shape[:2]
+    out = av.VideoFrame(w, h, "yuv420p")
+    planes = [picture_plane(out, i) for i in range(3)]
+    for i, dst in enumerate(planes):
+        dst[...] = picture_plane(decoded, i)
+    for bx0, by0, bx1, by1 in changed:
+        x0, y0 = max(0, bx0) & ~1, max(0, by0) & ~1
+        x1, y1 = min(w, bx1 + (bx1 & 1)), min(h, by1 + (by1 & 1))
+        if x1 <= x0 or y1 <= y0:
+            continue
+        sub = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb[y0:y1, x0:x1]),
+                                         format="rgb24").reformat(
+            format="yuv420p", dst_colorspace=matrix, dst_color_range=rng)
+        planes[0][y0:y1, x0:x1] = picture_plane(sub, 0)
+        for i in (1, 2):
+            planes[i][y0 // 2:y1 // 2, x0 // 2:x1 // 2] = picture_plane(sub, i)
+    return out
 
 
 def frame_count(path: Path) -> int:

@@ -26,6 +26,7 @@ from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion import symmetry as sym
 from facefuse.fusion.geometry import eye_distance, fused_shape
+from facefuse.fusion.source_prep import UNCACHED, SourceCache, SourceEntry, quantised_scale
 from facefuse.fusion.swappers.base import FaceLayer
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.color import match_sharpness
@@ -101,6 +102,16 @@ def _without_highlights(crop: detail.Scaled, small: np.ndarray, landmarks: np.nd
     else:
         full = small
     return detail.Scaled(full, crop.small), small
+
+
+def _source_crop(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: bool
+                 ) -> tuple[detail.Scaled, np.ndarray, np.ndarray]:
+    """The source face's neighbourhood as :func:`_crop_scaled` gives it, with its
+    highlights taken out when the layer is ``relit``."""
+    crop, small, local = _crop_scaled(image, landmarks, 2 * masks.feather_px(landmarks), scale)
+    if relit:
+        crop, small = _without_highlights(crop, small, local)
+    return crop, small, local
 
 
 def _to_working(points: np.ndarray, crop: detail.Scaled) -> np.ndarray:
@@ -184,14 +195,17 @@ class ClassicSwapper:
     """The default swapper; needs only the analysis models.
 
     ``pixels``: where the remaps and the lighting transfer run (default OpenCV).
+    ``cache_sources``: keep the source-side work per source image
+    (:mod:`facefuse.fusion.source_prep`; a clip's frames share it).
     """
 
     name = "classic"
 
     def __init__(self, work_eye_px: float = WORK_EYE_PX,
-                 pixels: PixelBackend | None = None) -> None:
+                 pixels: PixelBackend | None = None, *, cache_sources: bool = True) -> None:
         self.work_eye_px = work_eye_px
         self.pixels: PixelBackend = pixels or OpenCVPixels()
+        self.sources = SourceCache() if cache_sources else None
 
     def render(
         self,
@@ -226,13 +240,15 @@ class ClassicSwapper:
         # little finer, for the parts a turned target stretches): a much finer source
         # squeezed by the warp would alias into a texture sharper than the photo's.
         src_eye = min(self.work_eye_px, SOURCE_OVERSAMPLE * eye_distance(tgt_lm) * scale)
-        src_scale = min(1.0, src_eye / max(1.0, eye_distance(src_lm)))
-        src_crop, src_img, src_local = _crop_scaled(
-            source_rgb, src_lm, 2 * masks.feather_px(src_lm), src_scale)
-        if options.relight and options.texture_weight > 0.0:
-            src_crop, src_img = _without_highlights(src_crop, src_img, src_local)
+        # (On a grid 2 % apart, so that a clip's frames share the source-side work.)
+        src_scale = quantised_scale(min(1.0, src_eye / max(1.0, eye_distance(src_lm))))
+        relit = options.relight and options.texture_weight > 0.0
+        prep = (UNCACHED if self.sources is None
+                else self.sources.entry(source_rgb, src_lm, src_scale, relit))
+        src_crop, src_img, src_local = prep.get(
+            "crop", lambda: _source_crop(source_rgb, src_lm, src_scale, relit))
         work = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img), tgt_local,
-                           dst_local, feather * frame.ratio[0], options)
+                           dst_local, feather * frame.ratio[0], options, prep)
         # Large faces: the target's pixels warped at full resolution, the render's
         # change and the detail band matched to the photo's.
         face, mask, keep = work.face, work.mask, work.keep
@@ -264,9 +280,11 @@ class ClassicSwapper:
         dst: np.ndarray,
         feather: float,
         options: FuseOptions,
+        prep: SourceEntry = UNCACHED,
     ) -> _Work:
         """The working-scale render over the whole of ``tgt_img`` (see :class:`_Work`);
-        all coordinates in the frames of the given images."""
+        all coordinates in the frames of the given images. ``prep``: the memo of this
+        source's work (what depends on the source alone is kept there)."""
         h, w = tgt_img.shape[:2]
         frame = (0, 0, w, h)
         mesh_dst = dst[:MESH_POINTS, :2]
@@ -279,8 +297,8 @@ class ClassicSwapper:
             return regions.face_occluders(image, lm, scale=scale, glasses=options.glasses,
                                           facial_hair=options.facial_hair)
         if options.reject_source_occluders and w_tex > 0.0:
-            src_occ = find_occluders(
-                src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm)))
+            src_occ = prep.get(("occluders", options.hair_and_glasses), lambda: find_occluders(
+                src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm))))
         if options.keep_target_occluders:
             tgt_occ = find_occluders(tgt_img, tgt_lm)
         fill = sym.plan_fill(src_lm, dst, tris) if options.symmetric_fill and w_tex > 0 else None
@@ -310,13 +328,13 @@ class ClassicSwapper:
             gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
                                       src_occ, tgt_occ)
             source_layer *= self._gain_field(gains, mesh_dst, dst, (w, h))
-        outline = occ.outline_mask(src_lm, src_img.shape)
+        outline = prep.get("outline", lambda: occ.outline_mask(src_lm, src_img.shape))
         samples = [(mx_s, my_s)]
         reject = None
         if src_occ is not None or fill is not None:
             # Nothing from beyond the source's face outline (its background, hair
             # or collar where the mesh's edge overshoots): crisp, not grown.
-            crisp = sym.outline_field(outline)
+            crisp = prep.get("crisp", lambda: sym.outline_field(outline))
             inside = sym.sample_field(crisp, mx_s, my_s)
             uncovered = self._uncovered(src_occ, mx_s, my_s, feather)
             keep = inside if uncovered is None else np.minimum(inside, uncovered)
@@ -325,7 +343,8 @@ class ClassicSwapper:
                 # the source's lighting of the side they are drawn on.
                 (mx_m, my_m), (vis_d, vis_m) = maps[2], maps[3]
                 samples.append((mx_m, my_m))
-                soft = sym.outline_field(outline, sym.RAMP * eye_distance(src_lm))
+                soft = prep.get("soft", lambda: sym.outline_field(
+                    outline, sym.RAMP * eye_distance(src_lm)))
                 mirror_ok = vis_m * sym.sample_field(crisp, mx_m, my_m)
                 uncovered_m = self._uncovered(src_occ, mx_m, my_m, feather)
                 if uncovered_m is not None:
@@ -334,7 +353,8 @@ class ClassicSwapper:
                                    uncovered, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m)
                 tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ,
-                                     outline)
+                                     outline, prep.get("tone", lambda: sym.tone_colours(
+                                         src_img, src_lm, eye_distance(src_lm), outline)))
                 mirror_layer *= self._gain_field(tone if gains is None else tone * gains,
                                                  mesh_dst, dst, (w, h))
                 source_layer = sym.mix(source_layer, d, mirror_layer, m)
