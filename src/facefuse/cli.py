@@ -309,12 +309,11 @@ def cmd_video(args: argparse.Namespace) -> int:
     from facefuse.errors import InvalidArgumentError
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.mapping import parse_cli_pair
-    from facefuse.video.codecs import ENCODERS
+    from facefuse.video.codecs import ENCODERS, pyav
     from facefuse.video.engine import VideoFuser, VideoOptions
 
     if args.list_encoders:
-        import av
-
+        av = pyav()
         for enc in ENCODERS.values():
             have = "yes" if enc.codec in av.codecs_available else "no "
             print(f"{enc.name:5} {enc.codec:11} {have}  {enc.licence}  "

@@ -295,6 +295,15 @@ class VideoTooLargeError(InvalidVideoError):
     http_status = 413
 
 
+class VideoUnavailableError(FacefuseError):
+    """This install has no video codecs: PyAV (and the FFmpeg it bundles) is not
+    installed, as in the API image, which leaves clips to the worker image."""
+
+    code = "video_unavailable"
+    http_status = 501
+    exit_code = 5
+
+
 class CancelledError(FacefuseError):
     """The work was cancelled (a job deleted while it ran)."""
 
