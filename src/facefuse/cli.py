@@ -29,7 +29,7 @@ exit codes:
   2  usage: a bad option, argument or key
   3  bad input image (empty, corrupt, unsupported, too large or too small)
   4  face problem (no face, too small, in profile, index out of range)
-  5  model problem (missing or corrupt model file)
+  5  model or codec problem (missing or corrupt model file; no video codecs here)
   6  build or fetch problem (download, checksum, conversion, quantization gate)
   7  service problem (overloaded, deadline exceeded)
 Every deliberate failure prints 'error[<code>]: <message>' on stderr.
