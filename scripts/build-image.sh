@@ -7,11 +7,15 @@
 #      configuration), the pinned model sources and the sample photos (verified by
 #      sha256 when the builder converts and quantizes the models);
 #   3. podman build --isolation chroot (no container runtime needed), tagged
-#      <version>-<git revision> and <version>; never only "latest".
+#      <version>-<git revision> and <version>; never only "latest". From
+#      deploy/Dockerfile, two images: the API (target api, NAME) and the job worker
+#      (target worker, NAME-worker: PyAV and its FFmpeg, which the API has not).
 #
 # Usage: bash scripts/build-image.sh [--dockerfile deploy/Dockerfile] [--tag NAME]
+#        [--target api|worker]     only that image (default: both)
 #        [--context-only DIR]      prepare the context for docker build elsewhere
-# Prints the image reference (name:version-revision) on the last line of stdout.
+# Prints the image references (name:version-revision), the worker's first and the
+# API's on the last line of stdout.
 # Env:   FACEFUSE_HOME, BASE, IMAGE_NAME (default localhost/facefuse), QUANTIZE (1),
 #        EXTRA_WHEELS (requirements fetched into extra/, for bench/Dockerfile.naive)
 set -euo pipefail
@@ -21,11 +25,13 @@ PATH="$PATH:/usr/sbin:/sbin"
 DOCKERFILE=deploy/Dockerfile
 NAME="${IMAGE_NAME:-localhost/facefuse}"
 CONTEXT_ONLY=""
+TARGETS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --dockerfile) DOCKERFILE="$2"; shift 2 ;;
         --tag) NAME="$2"; shift 2 ;;
         --context-only) CONTEXT_ONLY="$2"; shift 2 ;;
+        --target) TARGETS="$2"; shift 2 ;;
         *) echo "build-image: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -65,22 +71,31 @@ fi
 .venv/bin/facefuse samples >&2
 .venv/bin/facefuse models build >&2
 cp -r "$HOME_DIR/downloads" "$HOME_DIR/samples" "$CTX/home/"
-cp deploy/strip-venv.sh "$CTX/"
+cp deploy/strip-venv.sh deploy/compile-startup.py "$CTX/"
 if [ -n "$CONTEXT_ONLY" ]; then
     log "context ready: docker build -f $DOCKERFILE --build-arg VERSION=$VERSION --build-arg REVISION=$REVISION $CTX"
     exit 0
 fi
 
 BASE_REF="${BASE:-$(bash scripts/build-base.sh)}"
-REF="$NAME:$VERSION-$REVISION"
-log "building $REF from $DOCKERFILE on $BASE_REF"
-# --format docker: the OCI image format has no HEALTHCHECK (podman would drop it).
-podman build --isolation chroot --layers --format docker \
-    -f "$DOCKERFILE" \
-    --build-arg BASE="$BASE_REF" \
-    --build-arg VERSION="$VERSION" \
-    --build-arg REVISION="$REVISION" \
-    --build-arg CREATED="$CREATED" \
-    --build-arg QUANTIZE="${QUANTIZE:-1}" \
-    -t "$REF" -t "$NAME:$VERSION" "$CTX" >&2
-echo "$REF"
+# deploy/Dockerfile has two runtime targets; another Dockerfile builds its last stage.
+if [ -z "$TARGETS" ]; then
+    if [ "$DOCKERFILE" = deploy/Dockerfile ]; then TARGETS="worker api"; else TARGETS="-"; fi
+fi
+for target in $TARGETS; do
+    name="$NAME"
+    [ "$target" = worker ] && name="$NAME-worker"
+    ref="$name:$VERSION-$REVISION"
+    log "building $ref (target $target) from $DOCKERFILE on $BASE_REF"
+    # --format docker: the OCI image format has no HEALTHCHECK (podman would drop it).
+    # shellcheck disable=SC2046  # no --target for a single-target Dockerfile
+    podman build --isolation chroot --layers --format docker \
+        -f "$DOCKERFILE" $([ "$target" = - ] || echo --target "$target") \
+        --build-arg BASE="$BASE_REF" \
+        --build-arg VERSION="$VERSION" \
+        --build-arg REVISION="$REVISION" \
+        --build-arg CREATED="$CREATED" \
+        --build-arg QUANTIZE="${QUANTIZE:-1}" \
+        -t "$ref" -t "$name:$VERSION" "$CTX" >&2
+    echo "$ref"
+done

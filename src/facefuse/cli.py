@@ -29,7 +29,7 @@ exit codes:
   2  usage: a bad option, argument or key
   3  bad input image (empty, corrupt, unsupported, too large or too small)
   4  face problem (no face, too small, in profile, index out of range)
-  5  model problem (missing or corrupt model file)
+  5  model or codec problem (missing or corrupt model file; no video codecs here)
   6  build or fetch problem (download, checksum, conversion, quantization gate)
   7  service problem (overloaded, deadline exceeded)
 Every deliberate failure prints 'error[<code>]: <message>' on stderr.
@@ -309,12 +309,11 @@ def cmd_video(args: argparse.Namespace) -> int:
     from facefuse.errors import InvalidArgumentError
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.mapping import parse_cli_pair
-    from facefuse.video.codecs import ENCODERS
+    from facefuse.video.codecs import ENCODERS, pyav
     from facefuse.video.engine import VideoFuser, VideoOptions
 
     if args.list_encoders:
-        import av
-
+        av = pyav()
         for enc in ENCODERS.values():
             have = "yes" if enc.codec in av.codecs_available else "no "
             print(f"{enc.name:5} {enc.codec:11} {have}  {enc.licence}  "

@@ -8,7 +8,7 @@ carries three stable identifiers that callers can rely on across releases:
 * ``http_status`` — the 4xx/5xx status the HTTP API answers with;
 * ``exit_code`` — the process exit status of the ``facefuse`` CLI.
 
-Exit codes: 2 usage, 3 bad input image, 4 face problem, 5 model problem,
+Exit codes: 2 usage, 3 bad input image, 4 face problem, 5 model or codec problem,
 6 build/fetch problem, 7 service (queue/deadline) problem.
 """
 
@@ -293,6 +293,15 @@ class VideoTooLargeError(InvalidVideoError):
 
     code = "video_too_large"
     http_status = 413
+
+
+class VideoUnavailableError(FacefuseError):
+    """This install has no video codecs: PyAV (and the FFmpeg it bundles) is not
+    installed, as in the API image, which leaves clips to the worker image."""
+
+    code = "video_unavailable"
+    http_status = 501
+    exit_code = 5
 
 
 class CancelledError(FacefuseError):

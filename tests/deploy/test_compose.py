@@ -129,8 +129,12 @@ def test_replicas_drain_before_they_are_killed() -> None:
 
 
 def test_worker_hands_its_job_back_before_it_is_killed() -> None:
-    svc = load("compose.yaml")["services"]["worker"]
+    services = load("compose.yaml")["services"]
+    svc = services["worker"]
     assert svc["entrypoint"] == ["facefuse", "worker"]
+    # Its own image (PyAV, FFmpeg); the API replicas run the image without them.
+    assert "facefuse-worker:" in svc["image"] and "facefuse-worker" not in services[
+        "facefuse-1"]["image"]
     grace = int(svc["stop_grace_period"].rstrip("s"))
     assert grace >= int(svc["environment"]["FACEFUSE_SHUTDOWN_GRACE_S"]) + 30
     assert svc["environment"]["FACEFUSE_REDIS_URL"].startswith("redis://redis:")

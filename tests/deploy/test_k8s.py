@@ -150,6 +150,9 @@ def test_worker_contract() -> None:
     spec = by[("Deployment", "facefuse-worker")]["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     assert container["command"] == ["facefuse", "worker"]
+    # The worker image (PyAV, FFmpeg), with the API's tag; the API image has no PyAV.
+    (api,) = by[("Deployment", "facefuse")]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == api["image"].replace("/facefuse:", "/facefuse-worker:")
     settings = by[("ConfigMap", "facefuse-settings")]["data"]
     assert int(settings["FACEFUSE_SHUTDOWN_GRACE_S"]) + 30 <= spec["terminationGracePeriodSeconds"]
     assert int(settings["FACEFUSE_MAX_BODY_BYTES"]) >= int(settings["FACEFUSE_VIDEO_MAX_BYTES"])

@@ -5,7 +5,8 @@
   options of ``/v1/fuse`` and the clip options below → ``202 Accepted`` with
   ``Location: /v1/jobs/{id}``. An ``Idempotency-Key`` header seen before (for the
   same API key) answers with that job instead of a new one. A clip over the
-  limits is refused here, typed (413/400), before it is queued; a full queue is
+  limits is refused here, typed (413/400), before it is queued (by the worker,
+  failing the job, where this install has no PyAV); a full queue is
   ``503 queue_full`` with ``Retry-After``.
 * ``GET /v1/jobs/{id}``: the state (``queued``, ``running`` with frames done,
   percent, fps and ETA, ``succeeded``, ``failed`` with its typed error,
@@ -38,6 +39,7 @@ from facefuse.errors import (
     InvalidArgumentError,
     JobNotFinishedError,
     VideoTooLargeError,
+    VideoUnavailableError,
 )
 from facefuse.serving.fuse_request import SOURCE_FIELDS
 from facefuse.serving.inputs import read_request, validate_params
@@ -119,14 +121,23 @@ async def _redis(fn: Callable[..., T], *args: Any) -> T:
 
 
 def _probe_clip(data: bytes, limits: VideoLimits) -> int:
-    """The clip's expected frame count, after the header checks (typed errors)."""
+    """The clip's expected frame count, after the header checks (typed errors).
+
+    Without PyAV (the API image: FFmpeg ships in the worker image only) only the
+    byte limit is checked here and the count is 0, unknown: the worker checks the
+    header against the same limits before it decodes a frame, and a clip over them
+    fails its job with the same typed error.
+    """
     if len(data) > limits.max_bytes:
         raise VideoTooLargeError(f"the clip is {len(data)} bytes; the limit is "
                                  f"{limits.max_bytes}", code="video_too_large")
     with tempfile.NamedTemporaryFile(prefix="facefuse-probe-") as f:
         f.write(data)
         f.flush()
-        return probe(Path(f.name), limits).expected_frames
+        try:
+            return probe(Path(f.name), limits).expected_frames
+        except VideoUnavailableError:
+            return 0
 
 
 @router.post(

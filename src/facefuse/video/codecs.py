@@ -27,12 +27,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Final
 
-from facefuse.errors import InvalidArgumentError, InvalidVideoError
+from facefuse.errors import InvalidArgumentError, InvalidVideoError, VideoUnavailableError
 
 __all__ = ["CONTAINERS", "DEFAULT_ENCODER", "ENCODERS", "Encoder", "check_container",
-           "container_format", "encoder"]
+           "container_format", "encoder", "pyav"]
+
+
+def pyav() -> ModuleType:
+    """The ``av`` module (PyAV), imported on first use: the API image has none.
+
+    Raises:
+        VideoUnavailableError: PyAV is not installed (the API image leaves clips to
+            the worker image, ``facefuse-worker``).
+    """
+    try:
+        import av
+    except ImportError:
+        raise VideoUnavailableError(
+            "this install has no video codecs (PyAV is not installed): clips are "
+            "decoded and encoded by the worker image") from None
+    return av
 
 
 @dataclass(frozen=True)
@@ -84,8 +101,9 @@ def encoder(name: str) -> Encoder:
 
     Raises:
         InvalidArgumentError: ``unknown_encoder``, or one this PyAV wheel lacks.
+        VideoUnavailableError: no PyAV at all.
     """
-    import av
+    av = pyav()
 
     enc = ENCODERS.get(name)
     if enc is None:

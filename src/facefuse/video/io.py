@@ -42,7 +42,7 @@ import numpy as np
 
 from facefuse.config import Settings
 from facefuse.errors import InvalidVideoError, VideoTooLargeError
-from facefuse.video.codecs import Encoder, check_container, container_format
+from facefuse.video.codecs import Encoder, check_container, container_format, pyav
 
 __all__ = ["AudioPacket", "Frame", "VideoInfo", "VideoLimits", "VideoReader", "VideoWriter",
            "probe"]
@@ -143,7 +143,7 @@ class AudioPacket:
 
 
 def _open(path: Path) -> Any:
-    import av
+    av = pyav()
 
     try:
         return av.open(str(path), "r", metadata_errors="ignore")
@@ -173,6 +173,7 @@ def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
         InvalidVideoError: ``corrupt_video``, ``no_video_stream``.
         VideoTooLargeError: over a limit (``video_too_large``, ``video_too_long``,
             ``video_resolution_too_high``, ``video_fps_too_high``).
+        VideoUnavailableError: no PyAV in this install (checked after the byte limit).
     """
     limits = limits or VideoLimits()
     size = path.stat().st_size
@@ -312,7 +313,7 @@ class VideoWriter:
         self.frames = 0
 
     def __enter__(self) -> VideoWriter:
-        import av
+        av = pyav()
 
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.dest.name}.", suffix=self.dest.suffix,
