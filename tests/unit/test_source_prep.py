@@ -24,7 +24,7 @@ def faces(analyser: FaceAnalyser, sample_images: dict[str, np.ndarray]) -> dict[
 
 @pytest.mark.parametrize(("source", "target", "options"), [
     ("biden", "obama", FuseOptions()),
-    ("obama3", "biden", FuseOptions(hair_and_glasses=True)),
+    ("obama3", "biden", FuseOptions(glasses=True, facial_hair=True)),
     ("astronaut", "obama2", FuseOptions(degree=0.6, evaluate=False)),
 ])
 def test_a_cached_render_is_the_uncached_render(

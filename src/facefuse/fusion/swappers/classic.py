@@ -297,8 +297,9 @@ class ClassicSwapper:
             return regions.face_occluders(image, lm, scale=scale, glasses=options.glasses,
                                           facial_hair=options.facial_hair)
         if options.reject_source_occluders and w_tex > 0.0:
-            src_occ = prep.get(("occluders", options.hair_and_glasses), lambda: find_occluders(
-                src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm))))
+            src_occ = prep.get(
+                ("occluders", options.glasses, options.facial_hair), lambda: find_occluders(
+                    src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm))))
         if options.keep_target_occluders:
             tgt_occ = find_occluders(tgt_img, tgt_lm)
         fill = sym.plan_fill(src_lm, dst, tris) if options.symmetric_fill and w_tex > 0 else None
