@@ -422,17 +422,23 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
 def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1.0,
                    glasses: bool = True, facial_hair: bool = True) -> np.ndarray:
     """(H, W) float32: :func:`facefuse.fusion.occlusion.occluder_mask` together
-    with the face's glasses and/or facial hair regions, on the same crop and scale:
-    what of the face is not its skin, to be kept on a target and rejected from a
-    source."""
+    with the face's glasses and/or facial hair regions, on the same crop and scale
+    — except the glasses, always looked for at the image's own resolution (a
+    frame is a line a pixel or two wide there; shrunk further it breaks up, and
+    whether it is found would hang on a few percent of scale): what of the face is
+    not its skin, to be kept on a target and rejected from a source."""
+    lm = np.asarray(landmarks, np.float64)
     finders: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = [occ.occluders_on_crop]
-    if glasses:
-        finders.append(glasses_mask)
     if facial_hair:
         finders.append(facial_hair_mask)
+    if glasses and scale >= 1.0:
+        finders.append(glasses_mask)
 
-    def union(crop: np.ndarray, lm: np.ndarray) -> np.ndarray:
-        out: np.ndarray = np.maximum.reduce([f(crop, lm) for f in finders])
+    def union(crop: np.ndarray, crop_lm: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.maximum.reduce([f(crop, crop_lm) for f in finders])
         return out
 
-    return occ.on_face_crop(image, np.asarray(landmarks, np.float64), union, scale=scale)
+    found = occ.on_face_crop(image, lm, union, scale=scale)
+    if glasses and scale < 1.0:
+        np.maximum(found, glasses_mask(image, lm), out=found)
+    return found
