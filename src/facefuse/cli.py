@@ -484,7 +484,7 @@ def _add_video_parsers(sub: Any) -> None:
     _fusion_flags(vd)
     vd.set_defaults(func=cmd_video)
 
-    wk = sub.add_parser("worker", help="run fusion jobs from the queue (FACEFUSE_REDIS_URL)",
+    wk = sub.add_parser("worker", help="run fusion jobs from the queue (FACEFUSE_JOBS_REDIS_URL)",
                         description="Takes jobs posted to /v1/jobs from the Redis queue, one "
                         "at a time; SIGTERM finishes or hands back the running job.")
     _common(wk)

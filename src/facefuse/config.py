@@ -198,6 +198,12 @@ class Settings:
     templates_max_bytes: int = 512 * 1024 * 1024
 
     # --- video and jobs (see docs/video.md) --------------------------------------------
+    #: The Redis of the job queue (job records, uploads, results and Dramatiq's
+    #: messages); empty: no jobs (the ``/v1/jobs`` routes do not exist). Jobs are work
+    #: in progress, so a Redis that never evicts and persists (``maxmemory-policy
+    #: noeviction``, ``appendonly yes``), never the L2 cache's; the template store's
+    #: may serve (its keys are apart).
+    jobs_redis_url: str = field(default="", repr=False)
     #: Limits of one clip (checked from the container header before decoding): bytes,
     #: seconds, the longer side in pixels, frames per second, and frames.
     video_max_bytes: int = 64 * 1024 * 1024
@@ -343,6 +349,13 @@ class Settings:
              != _redis_target(s.redis_url),
              "templates_redis_url must not be the L2 cache's redis_url: under the cache's "
              "eviction policy templates would be evicted"),
+            (not s.jobs_redis_url or s.jobs_redis_url.startswith(
+                ("redis://", "rediss://", "unix://")),
+             "jobs_redis_url must start with redis://, rediss:// or unix://"),
+            (not s.jobs_redis_url or _redis_target(s.jobs_redis_url)
+             != _redis_target(s.redis_url),
+             "jobs_redis_url must not be the L2 cache's redis_url: under the cache's "
+             "eviction policy queued jobs and results would be evicted"),
         ]
 
 

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from facefuse.serving.worker import SHUTDOWN_MARGIN_S
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose"
 
@@ -53,7 +55,8 @@ def test_compose_file_follows_the_compose_specification() -> None:
     resolved = json.loads(proc.stdout)
     assert resolved["name"] == "facefuse"
     assert set(resolved["services"]) == {"models", "facefuse-1", "facefuse-2", "redis",
-                                         "redis-templates", "worker", "nginx", "prometheus", "grafana"}
+                                         "redis-templates", "redis-jobs", "worker", "nginx",
+                                         "prometheus", "grafana"}
     for name in ("facefuse-1", "facefuse-2"):  # the shared block, as compose merges it
         svc = resolved["services"][name]
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
@@ -61,8 +64,20 @@ def test_compose_file_follows_the_compose_specification() -> None:
         # Both replicas share one template store, on a Redis that keeps it.
         assert svc["environment"]["FACEFUSE_TEMPLATES_BACKEND"] == "redis"
         assert "redis-templates" in svc["environment"]["FACEFUSE_TEMPLATES_REDIS_URL"]
+        # Jobs go to the queue's own Redis, results to the cache's.
+        assert svc["environment"]["FACEFUSE_JOBS_REDIS_URL"].startswith("redis://redis-jobs:")
+        assert svc["environment"]["FACEFUSE_REDIS_URL"].startswith("redis://redis:")
     store = " ".join(resolved["services"]["redis-templates"]["command"])
     assert "noeviction" in store and "--appendonly yes" in store
+    # The cache evicts and keeps nothing; the job queue never evicts and fsyncs each write
+    # to its volume.
+    cache = " ".join(resolved["services"]["redis"]["command"])
+    assert "allkeys-lru" in cache and "--appendonly no" in cache
+    jobs = resolved["services"]["redis-jobs"]
+    queue = " ".join(jobs["command"])
+    assert "noeviction" in queue and "--appendonly yes" in queue
+    assert "--appendfsync always" in queue
+    assert any(v["target"] == "/data" and v["source"] == "jobs" for v in jobs["volumes"])
 
 
 @pytest.mark.parametrize("mutation", ["unknown_key", "bad_restart", "bad_port"])
@@ -136,5 +151,7 @@ def test_worker_hands_its_job_back_before_it_is_killed() -> None:
     assert "facefuse-worker:" in svc["image"] and "facefuse-worker" not in services[
         "facefuse-1"]["image"]
     grace = int(svc["stop_grace_period"].rstrip("s"))
-    assert grace >= int(svc["environment"]["FACEFUSE_SHUTDOWN_GRACE_S"]) + 30
-    assert svc["environment"]["FACEFUSE_REDIS_URL"].startswith("redis://redis:")
+    assert grace >= int(svc["environment"]["FACEFUSE_SHUTDOWN_GRACE_S"]) + SHUTDOWN_MARGIN_S
+    # The worker needs the job queue's Redis only (not the cache's).
+    assert svc["environment"]["FACEFUSE_JOBS_REDIS_URL"].startswith("redis://redis-jobs:")
+    assert "FACEFUSE_REDIS_URL" not in svc["environment"]

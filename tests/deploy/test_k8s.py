@@ -144,7 +144,11 @@ def test_deployment_contract(rendered: tuple[str, list[dict[str, Any]], Path]) -
 
 def test_worker_contract() -> None:
     """The redis overlay runs job workers: one job per pod, scaled by KEDA on the
-    queue's Redis list, with time to hand a job back on SIGTERM."""
+    queue's Redis list, with time to hand a job back on SIGTERM; the queue has a Redis
+    of its own (never evicts, AOF fsynced on every write), the cache's stays LRU."""
+    from facefuse.serving.jobs import NAMESPACE, QUEUE
+    from facefuse.serving.worker import SHUTDOWN_MARGIN_S
+
     docs = render("redis")
     by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     spec = by[("Deployment", "facefuse-worker")]["spec"]["template"]["spec"]
@@ -154,16 +158,43 @@ def test_worker_contract() -> None:
     (api,) = by[("Deployment", "facefuse")]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == api["image"].replace("/facefuse:", "/facefuse-worker:")
     settings = by[("ConfigMap", "facefuse-settings")]["data"]
-    assert int(settings["FACEFUSE_SHUTDOWN_GRACE_S"]) + 30 <= spec["terminationGracePeriodSeconds"]
+    grace = int(settings["FACEFUSE_SHUTDOWN_GRACE_S"])
+    assert grace + SHUTDOWN_MARGIN_S <= spec["terminationGracePeriodSeconds"]
     assert int(settings["FACEFUSE_MAX_BODY_BYTES"]) >= int(settings["FACEFUSE_VIDEO_MAX_BYTES"])
+
+    def env(spec: dict[str, Any], name: str) -> dict[str, str]:
+        (c,) = [c for c in spec["containers"] if c["name"] == name]
+        return {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in c.get("env", [])
+                if "valueFrom" in e}
+
+    api = by[("Deployment", "facefuse")]["spec"]["template"]["spec"]
+    assert env(api, "facefuse")["FACEFUSE_JOBS_REDIS_URL"] == "jobs-redis-url"
+    assert env(spec, "worker") == {"FACEFUSE_JOBS_REDIS_URL": "jobs-redis-url"}
     scaled = by[("ScaledObject", "facefuse-worker")]["spec"]
     assert scaled["scaleTargetRef"]["name"] == "facefuse-worker"
     (trigger,) = scaled["triggers"]
-    from facefuse.serving.jobs import NAMESPACE, QUEUE
-
     assert trigger["type"] == "redis" and trigger["metadata"]["listName"] == f"{NAMESPACE}:{QUEUE}"
-    redis_conf = by[("ConfigMap", "redis-config")]["data"]["redis.conf"]
-    assert "maxmemory-policy noeviction" in redis_conf and "appendonly yes" in redis_conf
+    assert trigger["metadata"]["address"].startswith("redis-jobs.")
+    auth = by[("TriggerAuthentication", trigger["authenticationRef"]["name"])]["spec"]
+    assert auth["secretTargetRef"][0]["key"] == "redis-jobs-password"
+    cache_conf = by[("ConfigMap", "redis-config")]["data"]["redis.conf"].split("\n")
+    assert "maxmemory-policy allkeys-lru" in cache_conf and "appendonly no" in cache_conf
+    jobs_conf = by[("ConfigMap", "redis-jobs-config")]["data"]["redis.conf"].split("\n")
+    assert {"maxmemory-policy noeviction", "appendonly yes", "appendfsync always"} <= set(
+        jobs_conf)
+    jobs_redis = by[("StatefulSet", "redis-jobs")]["spec"]
+    assert jobs_redis["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    # Who may talk to whom: API and workers reach the jobs Redis, and it admits them.
+    def egress_names(policy: str) -> set[str]:
+        rules = by[("NetworkPolicy", policy)]["spec"]["egress"]
+        return {p["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+                for r in rules for p in r["to"] if "namespaceSelector" not in p}
+
+    assert "redis-jobs" in egress_names("facefuse")
+    assert egress_names("facefuse-worker") == {"redis-jobs"}
+    admitted = {p["podSelector"]["matchLabels"].get("app.kubernetes.io/component")
+                for p in by[("NetworkPolicy", "redis-jobs")]["spec"]["ingress"][0]["from"]}
+    assert {"api", "worker"} <= admitted
     assert container["securityContext"]["readOnlyRootFilesystem"]
     assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,22 +63,33 @@ def post_clip(c: httpx.Client, source: bytes, clip: bytes, **headers: str) -> ht
 
 
 @pytest.fixture
-def stack(settings: Settings, model_dir: Path, redis_server: Any,
+def jobs_redis(redis_factory: Callable[..., Any]) -> Any:
+    """The job queue's own Redis, configured as deployments run it: nothing evicted,
+    every write in the append-only file before it is acknowledged."""
+    return redis_factory("--maxmemory-policy", "noeviction", "--appendonly", "yes",
+                         "--appendfsync", "always")
+
+
+@pytest.fixture
+def stack(settings: Settings, model_dir: Path, redis_server: Any, jobs_redis: Any,
           tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The API (two keys) on a fresh Redis; workers are started by the tests."""
-    env = {"FACEFUSE_REDIS_URL": redis_server.url, "FACEFUSE_API_KEYS": KEYS,
-           "FACEFUSE_JOBS_MAX_QUEUED": "2", "FACEFUSE_VIDEO_MAX_FRAMES": "100"}
+    """The API (two keys) with its L2 cache on one Redis and the job queue on
+    another; workers are started by the tests."""
+    env = {"FACEFUSE_REDIS_URL": redis_server.url, "FACEFUSE_JOBS_REDIS_URL": jobs_redis.url,
+           "FACEFUSE_API_KEYS": KEYS, "FACEFUSE_JOBS_MAX_QUEUED": "2",
+           "FACEFUSE_VIDEO_MAX_FRAMES": "100"}
     api = ServerProcess(settings.home, tmp_path, env, name="jobs-api")
     workers: list[WorkerProcess] = []
 
     def worker(name: str) -> WorkerProcess:
-        w = WorkerProcess(settings.home, tmp_path, redis_server.url, name=name)
+        w = WorkerProcess(settings.home, tmp_path, jobs_redis.url, name=name)
         workers.append(w)
         return w.start()
 
     api.start()
     try:
-        yield {"api": api, "worker": worker, "redis": redis.Redis.from_url(redis_server.url)}
+        yield {"api": api, "worker": worker, "redis": redis.Redis.from_url(jobs_redis.url),
+               "jobs_redis": jobs_redis, "cache": redis.Redis.from_url(redis_server.url)}
     finally:
         for w in workers:
             w.kill()
@@ -123,6 +134,11 @@ def test_clip_job_end_to_end(stack: dict[str, Any], clip_bytes: dict[str, bytes]
         assert other.delete(loc).status_code == 404
         assert user.delete(loc).status_code == 204
         assert user.get(loc).status_code == 404
+    # Jobs and their messages live on the queue's Redis only; the cache's holds none.
+    assert list(stack["redis"].scan_iter("facefuse:job:*"))
+    assert list(stack["redis"].scan_iter("facefuse-dramatiq:*"))
+    assert not [k for k in stack["cache"].scan_iter("*")
+                if k.startswith((b"facefuse:job", b"facefuse:idem", b"facefuse-dramatiq"))]
 
 
 def test_refusals_bounded_queue_and_cancel(stack: dict[str, Any], clip_bytes: dict[str, bytes],
@@ -160,7 +176,7 @@ def test_limits_are_typed_before_queueing(settings: Settings, model_dir: Path,
                                           redis_server: Any, tmp_path: Path,
                                           clip_bytes: dict[str, bytes],
                                           sample_paths: dict[str, Path]) -> None:
-    env = {"FACEFUSE_REDIS_URL": redis_server.url, "FACEFUSE_VIDEO_MAX_FRAMES": "30",
+    env = {"FACEFUSE_JOBS_REDIS_URL": redis_server.url, "FACEFUSE_VIDEO_MAX_FRAMES": "30",
            "FACEFUSE_VIDEO_MAX_SIDE": "640"}
     api = ServerProcess(settings.home, tmp_path, env, name="limits-api").start()
     try:
@@ -218,7 +234,7 @@ def test_job_routes_keep_to_their_schema(settings: Settings, model_dir: Path,
     from test_server_fuzz import _fuzz, fuzz_images
 
     images = fuzz_images.__wrapped__(sample_images)  # type: ignore[attr-defined]
-    env = {"FACEFUSE_REDIS_URL": redis_server.url, "FACEFUSE_JOBS_MAX_QUEUED": "10000",
+    env = {"FACEFUSE_JOBS_REDIS_URL": redis_server.url, "FACEFUSE_JOBS_MAX_QUEUED": "10000",
            "FACEFUSE_MAX_BODY_BYTES": str(4 * 1024 * 1024)}
     api = ServerProcess(settings.home, tmp_path, env, name="jobs-fuzz").start()
     try:
@@ -240,12 +256,15 @@ def test_job_routes_keep_to_their_schema(settings: Settings, model_dir: Path,
         api.kill()
 
 
-def test_redis_restarted_mid_job_loses_nothing(stack: dict[str, Any], redis_server: Any,
+@pytest.mark.parametrize("how", ["restart", "crash"])
+def test_redis_restarted_mid_job_loses_nothing(stack: dict[str, Any], how: str,
                                                clip_bytes: dict[str, bytes],
                                                sample_paths: dict[str, Path]) -> None:
-    """Redis restarts (a save, a stop, a start: an upgrade) while a clip is fused; the
-    API answers 503 meanwhile, the worker waits for it, and the job finishes once."""
+    """The queue's Redis goes away while a clip is fused: a restart (a save, a stop, a
+    start: an upgrade) or a crash (SIGKILL: nothing saved but the append-only file).
+    The API answers 503 meanwhile, the worker waits for it, and the job finishes once."""
     api: ServerProcess = stack["api"]
+    redis_server = stack["jobs_redis"]
     with api.client(USER_TOKEN) as c:
         loc = post_clip(c, sample_paths["biden"].read_bytes(), clip_bytes["long"]).headers[
             "location"]
@@ -253,10 +272,13 @@ def test_redis_restarted_mid_job_loses_nothing(stack: dict[str, Any], redis_serv
         wait_for(lambda: c.get(loc).json()["progress"]["frames_done"] > 0, 240,
                  "the job never ran")
         assert c.get(loc).json()["status"] == "running"
-        with contextlib.suppress(redis.ConnectionError):
-            stack["redis"].shutdown(save=True)
-        redis_server.proc.wait(timeout=30)
-        redis_server.proc = None
+        if how == "crash":
+            redis_server.kill()
+        else:
+            with contextlib.suppress(redis.ConnectionError):
+                stack["redis"].shutdown(save=True)
+            redis_server.proc.wait(timeout=30)
+            redis_server.proc = None
         down = c.get(loc)
         assert (down.status_code, down.json()["error"]["code"]) == (503, "jobs_unavailable")
         redis_server.start()

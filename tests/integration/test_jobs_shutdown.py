@@ -44,7 +44,7 @@ def stuck(settings: Settings, fuser: FaceFuser, redis_server: Any
     import dramatiq
     from dramatiq import Worker
 
-    s = settings.replace(redis_url=redis_server.url, jobs_heartbeat_s=60.0)
+    s = settings.replace(jobs_redis_url=redis_server.url, jobs_heartbeat_s=60.0)
     q = broker(s)
     flight = worker_mod.in_flight()
     q.add_middleware(flight)

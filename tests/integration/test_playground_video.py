@@ -26,7 +26,7 @@ __all__ = ["browser"]  # the fixture, re-used
 @pytest.fixture
 def stack(settings: Settings, model_dir: Path, redis_server: Any,
           tmp_path: Path) -> Iterator[ServerProcess]:
-    api = ServerProcess(settings.home, tmp_path, {"FACEFUSE_REDIS_URL": redis_server.url,
+    api = ServerProcess(settings.home, tmp_path, {"FACEFUSE_JOBS_REDIS_URL": redis_server.url,
                                                   "FACEFUSE_API_KEYS": f"t:{USER_TOKEN}"},
                         name="video-playground").start()
     worker = WorkerProcess(settings.home, tmp_path, redis_server.url).start()

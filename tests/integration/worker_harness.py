@@ -30,7 +30,7 @@ class WorkerProcess:
         self.log_path = logdir / f"{name}.log"
         base = {k: v for k, v in os.environ.items() if not k.startswith("FACEFUSE_")}
         base.update({"FACEFUSE_HOME": str(home), "FACEFUSE_THREADS": "1",
-                     "FACEFUSE_REDIS_URL": redis_url, "FACEFUSE_JOBS_HEARTBEAT_S": "2",
+                     "FACEFUSE_JOBS_REDIS_URL": redis_url, "FACEFUSE_JOBS_HEARTBEAT_S": "2",
                      "FACEFUSE_SHUTDOWN_GRACE_S": "1", "PYTHONUNBUFFERED": "1"})
         base.update(env or {})
         self.env = base

@@ -213,7 +213,7 @@ def create_app(
     app.state.services = svc
     app.include_router(router)
     app.include_router(product_router)
-    if settings.redis_url:  # jobs live in Redis: without it the routes do not exist
+    if settings.jobs_redis_url:  # jobs live in Redis: without it the routes do not exist
         app.include_router(jobs_router)
     install_playground(app)
     install_openapi(app, settings, keys)

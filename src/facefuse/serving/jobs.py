@@ -1,7 +1,9 @@
 """Long work as jobs: a job record and its files in Redis, the work on Dramatiq.
 
-The queue engine is **Dramatiq** (its Redis broker, on the Redis the service
-already uses; docs/video.md says why). What each part keeps:
+The queue engine is **Dramatiq** (its Redis broker; docs/video.md says why), on
+the job queue's own Redis, ``jobs_redis_url``: one that never evicts and keeps an
+append-only file, never the L2 cache's (an LRU cache would evict queued jobs).
+What each part keeps:
 
 * Dramatiq owns delivery: a message per job on the ``video`` queue; a worker
   acknowledges it only when the job is over, and a worker that stops sending
@@ -97,14 +99,23 @@ def new_job_id() -> str:
     return secrets.token_urlsafe(16)
 
 
+def jobs_redis_url(settings: Settings) -> str:
+    """The job queue's Redis URL.
+
+    Raises:
+        InvalidArgumentError: ``jobs_unavailable`` when FACEFUSE_JOBS_REDIS_URL is unset.
+    """
+    if not settings.jobs_redis_url:
+        raise InvalidArgumentError("jobs need a Redis of their own: set "
+                                   "FACEFUSE_JOBS_REDIS_URL", code="jobs_unavailable")
+    return settings.jobs_redis_url
+
+
 def broker(settings: Settings) -> Any:
-    """The Dramatiq Redis broker of ``settings.redis_url`` (the job queue)."""
+    """The Dramatiq Redis broker of ``settings.jobs_redis_url`` (the job queue)."""
     from dramatiq.brokers.redis import RedisBroker
 
-    if not settings.redis_url:
-        raise InvalidArgumentError("jobs need Redis: set FACEFUSE_REDIS_URL",
-                                   code="jobs_unavailable")
-    return RedisBroker(url=settings.redis_url, namespace=NAMESPACE,
+    return RedisBroker(url=jobs_redis_url(settings), namespace=NAMESPACE,
                        heartbeat_timeout=int(settings.jobs_heartbeat_s * 1000),
                        # A dead worker's message is put back within a few heartbeats.
                        maintenance_chance=50_000)
@@ -185,12 +196,10 @@ class JobStore:
     def __init__(self, settings: Settings, client: Any | None = None) -> None:
         import redis
 
-        if not settings.redis_url:
-            raise InvalidArgumentError("jobs need Redis: set FACEFUSE_REDIS_URL",
-                                       code="jobs_unavailable")
+        url = jobs_redis_url(settings)
         self.settings = settings
         self.ttl = settings.jobs_ttl_s
-        self.r: Any = client or redis.Redis.from_url(settings.redis_url, socket_timeout=5.0,
+        self.r: Any = client or redis.Redis.from_url(url, socket_timeout=5.0,
                                                 socket_connect_timeout=5.0)
         self._admit = self.r.register_script(_ADMIT)
         self._claim = self.r.register_script(_CLAIM)

@@ -92,9 +92,10 @@ def _jobs(request: Request) -> _Jobs:
     jobs: _Jobs | None = getattr(app.state, "jobs", None)
     if jobs is None:
         settings = services(request).settings
-        if not settings.redis_url:
-            raise CacheUnavailableError("jobs need Redis: this server has no FACEFUSE_REDIS_URL",
-                                        code="jobs_unavailable")
+        if not settings.jobs_redis_url:
+            raise CacheUnavailableError(
+                "jobs need Redis: this server has no FACEFUSE_JOBS_REDIS_URL",
+                code="jobs_unavailable")
         jobs = _Jobs(JobStore(settings), broker(settings))
         app.state.jobs = jobs
     return jobs
