@@ -12,10 +12,10 @@ costs, and at 8 clients on 2 saturated cores throughput is ~2 s / that cost. Med
 of the rounds, and each variant's ratio to the first.
 
     .venv/bin/python bench/serve_variants.py default cv1:OPENCV_FOR_THREADS_NUM=1 \\
-        ort2:FACEFUSE_THREADS=2 [--rounds 4] [--duration 5] [--megapixels 2]
+        ort2:FACEFUSE_THREADS=2 [--rounds 4] [--duration 5] [--megapixels 2] [--name NAME]
 
-Writes bench/results/serve_variants.json (no BENCHMARKS.md section: cite the figures
-where they decide something).
+Writes bench/results/NAME.json (default serve_variants; no BENCHMARKS.md section:
+cite the figures where they decide something).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per level")
     ap.add_argument("--megapixels", type=float, default=None,
                     help="portrait area in MP (default: long side ~900 px)")
+    ap.add_argument("--name", default="serve_variants", help="results file name")
     args = ap.parse_args()
     variants = dict(parse_variant(v) for v in args.variants)
     inputs = Inputs(Settings.from_env(), megapixels=args.megapixels)
@@ -106,7 +107,7 @@ def main() -> None:
     res = {"machine": machine(), "variants": variants, "rounds": args.rounds,
            "duration_s": args.duration, "megapixels": args.megapixels, "load1": loads,
            "rows": rows, "summary": summary, "wall_s": round(time.monotonic() - t_start, 1)}
-    write_json("serve_variants", res)
+    write_json(args.name, res)
     for name, s in summary.items():
         print(name, s, flush=True)
 

@@ -45,6 +45,10 @@ rm -f "$SITE"/PIL/_avif.*.so "$SITE"/pillow.libs/libavif-*.so* "$SITE"/PIL/_imag
 rm -rf "$SITE/cv2/data" "$SITE/numpy/_core/tests" "$SITE/numpy/tests" \
     "$SITE"/numpy/*/tests "$SITE/numpy/_core/include" "$SITE/numpy/f2py" \
     "$SITE/numpy/_pyinstaller" "$SITE/numpy/typing/tests"
+# numpy's distutils (a build system, deprecated) and the static libraries and Cython
+# sources that only compile other extensions: 1.3 MiB.
+rm -rf "$SITE/numpy/distutils"
+find "$SITE" -type f \( -name '*.a' -o -name '*.pyx' -o -name '*.pxi' \) -delete
 find "$SITE" -depth -type d \( -name tests -o -name test \) -path '*/site-packages/*/*' \
     -prune -exec rm -rf {} +
 find "$VENV" -depth -type d -name __pycache__ -exec rm -rf {} +
