@@ -114,26 +114,35 @@ def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray |
     if weight <= 0.0 or len(dst) < 478 or all(g is None for g in gains):
         return
     h, w = layer.shape[:2]
-    for (_, iris), gain in zip(eye_groups(dst), gains, strict=True):
-        if gain is None:
+    irises = [(_iris(dst, iris), gain) for (_, iris), gain in zip(eye_groups(dst), gains,
+                                                                 strict=True)
+              if gain is not None]
+    # One box over both irises: the lids' openings are drawn once.
+    reach = max(int(np.ceil(1.2 * r)) + 2 for (_, r), _ in irises)
+    cs = np.array([c for (c, _), _ in irises])
+    x0, y0 = max(0, int(cs[:, 0].min()) - reach), max(0, int(cs[:, 1].min()) - reach)
+    x1, y1 = min(w, int(cs[:, 0].max()) + reach + 1), min(h, int(cs[:, 1].max()) + reach + 1)
+    if x1 <= x0 or y1 <= y0:
+        return
+    origin = np.array([x0, y0])
+    aperture = masks.eyes_mask(dst - np.array([x0, y0, 0.0]), (0, 0, x1 - x0, y1 - y0),
+                               feather)
+    for (centre, radius), gain in irises:
+        c = centre - origin
+        bx0, by0 = max(0, int(c[0]) - reach), max(0, int(c[1]) - reach)
+        bx1, by1 = min(x1 - x0, int(c[0]) + reach + 1), min(y1 - y0, int(c[1]) + reach + 1)
+        if bx1 <= bx0 or by1 <= by0:
             continue
-        centre, radius = _iris(dst, iris)
-        reach = int(np.ceil(1.2 * radius)) + 2
-        x0, y0 = max(0, int(centre[0]) - reach), max(0, int(centre[1]) - reach)
-        x1, y1 = min(w, int(centre[0]) + reach + 1), min(h, int(centre[1]) + reach + 1)
-        if x1 <= x0 or y1 <= y0:
-            continue
-        box = layer[y0:y1, x0:x1]
-        local = dst - np.array([x0, y0, 0.0])
-        aperture = masks.eyes_mask(local, (0, 0, x1 - x0, y1 - y0), feather)
-        d = _distance(box.shape[:2], centre - np.array([x0, y0]))
+        box = layer[y0 + by0:y0 + by1, x0 + bx0:x0 + bx1]
+        opening = aperture[by0:by1, bx0:bx1]
+        d = _distance(box.shape[:2], c - np.array([bx0, by0]))
         soft = max(0.5, 0.1 * radius)
         disc = np.clip((radius - d) / soft + 0.5, 0.0, 1.0)
         luma = box.mean(2)
-        inside = (disc > 0.5) & (aperture > 0.5)
+        inside = (disc > 0.5) & (opening > 0.5)
         if not inside.any():
             continue
         lo, hi = (f * float(np.median(luma[inside])) for f in HIGHLIGHT_RAMP)
         spare = np.clip((luma - lo) / max(1e-3, hi - lo), 0.0, 1.0)
-        share = (weight * disc * aperture * (1.0 - spare))[..., None]
+        share = (weight * disc * opening * (1.0 - spare))[..., None]
         box *= 1.0 + share * (gain - 1.0)
