@@ -104,6 +104,11 @@ def render_worker() -> None:
     from report import median_ms
 
     fuser = FaceFuser()
+    # Every request of a service brings its own source: the timed repeats must not
+    # reuse the renderer's per-source memo (where the checkout has one).
+    for swapper in getattr(fuser, "swappers", {}).values():
+        if hasattr(swapper, "sources"):
+            swapper.sources = None
     paths = fetch_samples(fuser.settings.samples_dir, fuser.settings.downloads_dir)
     photos = {n: decode_image(p) for n, p in paths.items()}
     faces: dict[tuple[str, str, float], Any] = {}
