@@ -154,7 +154,7 @@ def test_clip_job_through_the_api_and_worker_images(
 ) -> None:
     """The API image (no PyAV) queues clips; the worker image fuses them, and refuses a
     clip over the limits with the typed error the API could not check."""
-    env = {"FACEFUSE_REDIS_URL": redis_server.url, "FACEFUSE_VIDEO_MAX_FRAMES": "10",
+    env = {"FACEFUSE_JOBS_REDIS_URL": redis_server.url, "FACEFUSE_VIDEO_MAX_FRAMES": "10",
            "FACEFUSE_MAX_BODY_BYTES": str(16 << 20)}
     port, mport = free_port(), free_port()
     api = ChrootProcess(rootfs, config, ["--host", "127.0.0.1", "--port", str(port)],

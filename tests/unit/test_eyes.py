@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from facefuse.faces import topology as topo
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import eyes
 from facefuse.fusion import mask as masks
@@ -98,9 +97,18 @@ def test_the_irises_take_the_sources_colour(fuser: FaceFuser,
     assert np.abs(plain[inside].astype(int) - tgt.image[inside]).max() <= 2
 
 
-def test_gains_are_none_without_an_iris() -> None:
-    """A mesh without iris points (or a closed eye) leaves the target's colour."""
-    lm = np.zeros((468, 3))
+def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
+        samples: dict[str, Sample]) -> None:
+    """A mesh without iris points leaves the target's colour, and so does an eye
+    whose opening shows fewer than MIN_SAMPLES iris pixels."""
     img = np.zeros((8, 8, 3), np.float32)
+    lm = np.zeros((468, 3))
     assert eyes.iris_gains(img, img, lm, lm, np.zeros((8, 8), np.float32)) == [None, None]
-    assert len(topo.IRIS_A) == 5
+    tgt = samples["biden"]
+    image = tgt.image.astype(np.float32)
+    h, w = image.shape[:2]
+    opening = masks.eyes_mask(tgt.landmarks, (0, 0, w, h))
+    assert all(g is not None for g in eyes.iris_gains(image, image, tgt.landmarks,
+                                                      tgt.landmarks, opening))
+    shut = np.zeros((h, w), np.float32)
+    assert eyes.iris_gains(image, image, tgt.landmarks, tgt.landmarks, shut) == [None, None]

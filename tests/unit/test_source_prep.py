@@ -124,3 +124,19 @@ def test_the_scale_grid() -> None:
     # Faces a pixel apart share a step; the steps are about 2 % apart.
     assert quantised_scale(0.700) == quantised_scale(0.702)
     assert 1.02 < quantised_scale(0.7) / quantised_scale(0.68) < 1.05
+
+
+def test_a_rendered_sources_entry_dies_with_the_source_image(
+        sample_images: dict[str, np.ndarray], faces: dict[str, Any]) -> None:
+    """What the renderer keeps (its crop of a full-width face included) holds no view
+    of the source: once a request drops its decoded source, the memo drops it too."""
+    import gc
+
+    swapper = ClassicSwapper()
+    assert swapper.sources is not None
+    src = sample_images["obama"].copy()  # a request's own decoded source
+    swapper.render(src, faces["obama"], sample_images["biden"], faces["biden"], FuseOptions())
+    assert len(swapper.sources) == 1
+    del src
+    gc.collect()
+    assert len(swapper.sources) == 0 and not swapper.sources._entries

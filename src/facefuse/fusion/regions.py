@@ -420,7 +420,7 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1.0,
-                   glasses: bool = True, facial_hair: bool = True) -> np.ndarray:
+                   glasses: bool = False, facial_hair: bool = False) -> np.ndarray:
     """(H, W) float32: :func:`facefuse.fusion.occlusion.occluder_mask` together
     with the face's glasses and/or facial hair regions, on the same crop and scale
     — except the glasses, always looked for at the image's own resolution (a

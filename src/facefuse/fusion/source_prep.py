@@ -104,8 +104,9 @@ def _frozen(value: T) -> T:
 class _Entry:
     """A source's memo: named results, least recently used dropped first."""
 
-    def __init__(self, image: np.ndarray, max_items: int) -> None:
-        self.ref = weakref.ref(image)
+    def __init__(self, image: np.ndarray, max_items: int,
+                 on_death: Callable[[weakref.ref[np.ndarray]], None] | None = None) -> None:
+        self.ref = weakref.ref(image, on_death)
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
         self._max = max_items
         self._lock = threading.Lock()
@@ -135,7 +136,7 @@ class SourceCache:
         self.max_entries = max_entries
         self.max_items = max_items
         self._entries: OrderedDict[tuple[Hashable, ...], _Entry] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by a weakref callback during a lookup
         self.hits = 0
         self.misses = 0
 
@@ -154,12 +155,19 @@ class SourceCache:
                 self.hits += 1
                 return found
             self.misses += 1
-            made = _Entry(image, self.max_items)
+            made = _Entry(image, self.max_items, self._forget)
             self._entries[key] = made
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
             return made
+
+    def _forget(self, ref: weakref.ref[np.ndarray]) -> None:
+        """Drop the entries of an image that has just been freed (weakref callback):
+        what they hold goes with it, not at the next lookup."""
+        with self._lock:
+            for k in [k for k, e in self._entries.items() if e.ref is ref]:
+                del self._entries[k]
 
     def __len__(self) -> int:
         with self._lock:

@@ -106,10 +106,12 @@ class VideoOptions:
         if not isinstance(self.detect_every, int) or not 1 <= self.detect_every <= 300:
             raise InvalidArgumentError("detect_every must be an integer in 1..300",
                                        code="invalid_detect_every")
-        if not 1 <= self.window <= 64:
-            raise InvalidArgumentError("window must be in 1..64", code="invalid_window")
-        if not 1 <= self.threads <= 16:
-            raise InvalidArgumentError("threads must be in 1..16", code="invalid_threads")
+        if not isinstance(self.window, int) or not 1 <= self.window <= 64:
+            raise InvalidArgumentError("window must be an integer in 1..64",
+                                       code="invalid_window")
+        if not isinstance(self.threads, int) or not 1 <= self.threads <= 16:
+            raise InvalidArgumentError("threads must be an integer in 1..16",
+                                       code="invalid_threads")
 
 
 @dataclass

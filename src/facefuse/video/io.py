@@ -154,7 +154,7 @@ def _open(path: Path) -> Any:
 def _rotation(container: Any, stream: Any) -> int:
     """The display rotation (counter-clockwise degrees, a multiple of 90) of the
     first frame; 0 when there is none."""
-    import av
+    av = pyav()
 
     try:
         for frame in container.decode(stream):
@@ -245,7 +245,7 @@ class VideoReader:
         self.limits = limits or VideoLimits()
 
     def __iter__(self) -> Iterator[Frame | AudioPacket]:
-        import av
+        av = pyav()
 
         info = self.info
         matrix, rng = conversion(info)
@@ -350,7 +350,7 @@ class VideoWriter:
         ``changed``: the boxes (x0, y0, x1, y1) outside which ``rgb`` is
         ``frame.rgb`` (None: anywhere); with them, and a reusable decoded picture,
         only they are converted (see the module docstring)."""
-        import av
+        av = pyav()
 
         turns = self.info.rotation // 90
         matrix, rng = conversion(self.info)
@@ -411,7 +411,7 @@ def patched_picture(decoded: Any, rgb: np.ndarray, changed: Sequence[tuple[int, 
     """A yuv420p copy of the ``decoded`` picture (8-bit 4:2:0, even size) with each
     ``changed`` box (grown to even pixels) replaced by ``rgb`` converted with the
     stream's colour ``matrix`` and range ``rng``."""
-    import av
+    av = pyav()
 
     h, w = rgb.shape[:2]
     out = av.VideoFrame(w, h, "yuv420p")

@@ -77,7 +77,8 @@ def _crop_scaled(
     ``scale`` (≤ 1): ``(crop, small (h, w, 3) uint8, landmarks (N, 3) in the small
     crop's pixel frame)``."""
     x0, y0, x1, y1 = masks.face_region(landmarks, image.shape, margin)
-    full = np.ascontiguousarray(image[y0:y1, x0:x1])
+    # A copy, never a view: the crop may be kept (the source memo) after ``image``.
+    full = np.array(image[y0:y1, x0:x1], order="C")
     pts = landmarks.astype(np.float64).copy()
     pts[:, 0] -= x0
     pts[:, 1] -= y0
