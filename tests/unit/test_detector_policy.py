@@ -178,3 +178,25 @@ def test_a_detection_the_mesh_rejects_is_not_a_face(auto_fuser: FaceFuser, setti
     assert max(f.mesh_score or 0.0 for f in meshed) < stages.MIN_PRESENCE
     assert an.analyse(image, embed=False) == []
     assert stages.reported(meshed) == []
+
+
+def test_a_rejected_false_face_does_not_hide_the_real_one(auto_fuser: FaceFuser,
+                                                          sample_images: dict[str, np.ndarray],
+                                                          ) -> None:
+    """obama3 upside down: BlazeFace's upright pass finds a false face (the mesh
+    rejects it), which used to stop the search before the 180° turn; the turns and
+    tiles are tried again and the real face is found."""
+    from facefuse.faces import stages
+
+    an = auto_fuser.analyser
+    image = np.ascontiguousarray(np.rot90(sample_images["obama3"], 2))
+    first = an.detect(image, "largest")
+    meshed = an.run(stages.mesh(an.models.mesh, image, first))
+    assert first and not stages.reported(meshed), "the premise: a rejected upright box"
+    faces = an.analyse(image, embed=False)
+    assert len(faces) == 1 and (faces[0].mesh_score or 0.0) >= 0.5
+    upright = an.analyse(sample_images["obama3"], embed=False)[0]
+    h, w = image.shape[:2]
+    x0, y0, x1, y1 = upright.bbox
+    turned = np.array([w - x1, h - y1, w - x0, h - y0])
+    assert len(pairs(np.array([faces[0].bbox]), turned[None])) == 1

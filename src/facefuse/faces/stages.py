@@ -254,19 +254,43 @@ def detect(
     pass instead of three; the faces found are then those of the whole-image
     pass only, so the result is cached apart from an every-face analysis.
     """
-    h, w = rgb.shape[:2]
     for k in turns:
-        items = detector.preprocess(rotate_image(rgb, k))
-        first = 1 if coarse_first and len(items) > 1 else len(items)
-        outputs = yield ModelCall(registry_name(detector.model),
-                                  tuple(x for x, _ in items[:first]))
-        found = _detections(detector, outputs, items[:first])
-        if first < len(items) and not _coarse_enough(found, max(h, w)):
-            more = yield ModelCall(registry_name(detector.model),
-                                   tuple(x for x, _ in items[first:]))
-            found = _detections(detector, [*outputs, *more], items)
+        found = yield from _detect_turn(detector, rgb, k, coarse_first)
         if found:
-            return [unrotate_detection(d, k, w, h) for d in found]
+            return found
+    return []
+
+
+def _detect_turn(detector: Detector, rgb: np.ndarray, k: int,
+                 coarse_first: bool) -> Stage[list[Detection]]:
+    """:func:`detect` for the one quarter turn ``k``, in ``rgb``'s pixels."""
+    h, w = rgb.shape[:2]
+    items = detector.preprocess(rotate_image(rgb, k))
+    first = 1 if coarse_first and len(items) > 1 else len(items)
+    outputs = yield ModelCall(registry_name(detector.model),
+                              tuple(x for x, _ in items[:first]))
+    found = _detections(detector, outputs, items[:first])
+    if first < len(items) and not _coarse_enough(found, max(h, w)):
+        more = yield ModelCall(registry_name(detector.model),
+                               tuple(x for x, _ in items[first:]))
+        found = _detections(detector, [*outputs, *more], items)
+    return [unrotate_detection(d, k, w, h) for d in found]
+
+
+def past_rejected(detector: Detector, fm: FaceMesh, rgb: np.ndarray,
+                  turns: Sequence[int]) -> Stage[list[Face]]:
+    """The faces :func:`detect` + :func:`mesh` + :func:`reported` find when the
+    detections :func:`detect` stopped at were all rejected by the mesh: every turn
+    tried again, tiles included, and the first whose meshed detections include a
+    face wins (a false face found upright no longer hides the real one of an
+    upside-down photo, nor a large false box the tiles' small faces). Rare: run
+    only after :func:`reported` dropped everything."""
+    for k in turns:
+        found = yield from _detect_turn(detector, rgb, k, coarse_first=False)
+        if found:
+            faces = reported((yield from mesh(fm, rgb, found)))
+            if faces:
+                return faces
     return []
 
 

@@ -464,6 +464,9 @@ class Pipeline:
             t = ctx.timer.add("detect", t)
             faces = await self.run(stages.mesh(models.mesh, rgb, detections), ctx)
             faces = stages.reported(faces)
+            if detections and not faces:
+                faces = await self.run(stages.past_rejected(detector, models.mesh, rgb,
+                                                            models.turns), ctx)
             ctx.timer.add("mesh", t)
         if embed and faces:
             t = time.perf_counter()
