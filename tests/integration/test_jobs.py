@@ -141,6 +141,40 @@ def test_clip_job_end_to_end(stack: dict[str, Any], clip_bytes: dict[str, bytes]
                 if k.startswith((b"facefuse:job", b"facefuse:idem", b"facefuse-dramatiq"))]
 
 
+def test_simultaneous_first_requests_with_one_idempotency_key_make_one_job(
+        stack: dict[str, Any], clip_bytes: dict[str, bytes],
+        sample_paths: dict[str, Path]) -> None:
+    """Requests with one Idempotency-Key, sent at once from several clients (none has
+    seen the key before): one job, every answer names it, the others are replays."""
+    import threading
+
+    api: ServerProcess = stack["api"]
+    source = sample_paths["biden"].read_bytes()
+    n = 6
+    start = threading.Barrier(n)
+    answers: list[httpx.Response] = []
+
+    def post() -> None:
+        with api.client(USER_TOKEN) as c:
+            start.wait(30)
+            answers.append(post_clip(c, source, clip_bytes["long"],
+                                     **{"Idempotency-Key": "at-once"}))
+
+    threads = [threading.Thread(target=post) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [r.status_code for r in answers] == [202] * n, [r.text for r in answers]
+    assert len({r.headers["location"] for r in answers}) == 1
+    assert sorted(r.headers.get("idempotent-replayed", "") for r in answers) == [
+        ""] + ["true"] * (n - 1)
+    r_store: redis.Redis = stack["redis"]
+    jobs = [k for k in r_store.scan_iter("facefuse:job:*") if r_store.type(k) == b"hash"]
+    assert len(jobs) == 1 and r_store.zcard("facefuse:jobs:queued") == 1
+    assert r_store.llen("facefuse-dramatiq:video") == 1  # one message queued
+
+
 def test_refusals_bounded_queue_and_cancel(stack: dict[str, Any], clip_bytes: dict[str, bytes],
                                            sample_paths: dict[str, Path]) -> None:
     api: ServerProcess = stack["api"]

@@ -52,13 +52,23 @@ def test_auto_precision_picks_a_current_int8_variant_and_skips_a_stale_one(
 
 @pytest.mark.parametrize("change", [
     {"max_batch_size": 0}, {"cpu_workers": 0}, {"redis_url": "http://cache"},
-    {"log_level": "chatty"}, {"det_nms_iou": 1.0},
+    {"log_level": "chatty"}, {"det_nms_iou": 1.0}, {"jobs_redis_url": "http://queue"},
 ])
 def test_every_settings_object_is_validated_when_made(change: dict[str, object]) -> None:
     with pytest.raises(InvalidArgumentError, match=next(iter(change))):
         Settings(**change)  # type: ignore[arg-type]  # out-of-range values on purpose
     with pytest.raises(InvalidArgumentError):
         Settings().replace(**change)
+
+
+def test_the_job_queue_never_shares_the_caches_redis() -> None:
+    """Jobs on the L2 cache's Redis would be evicted under its LRU: refused; the
+    template store's Redis (durable too) may serve."""
+    cache, durable = "redis://cache:6379/0", "redis://durable:6379/0"
+    with pytest.raises(InvalidArgumentError, match="jobs_redis_url must not be the L2"):
+        Settings(redis_url=cache, jobs_redis_url="redis://:pw@cache/0")
+    s = Settings(redis_url=cache, templates_redis_url=durable, jobs_redis_url=durable)
+    assert s.jobs_redis_url == durable and "durable" not in repr(s)
 
 
 def test_keys_and_log_level_are_settings_like_the_rest() -> None:

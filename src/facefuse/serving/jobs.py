@@ -50,13 +50,29 @@ ACTOR = "fuse_job"
 _P = "facefuse:job:"
 _QUEUED = "facefuse:jobs:queued"
 
-# Admission: refuse when the queue is full, else record the job as queued (atomic).
-_ADMIT = """
-if redis.call('zcard', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
+# Admission, in one step: an idempotency key that names a job still there returns it;
+# a full queue refuses; else the files, the record, its place in the queue and the
+# idempotency key are written together. Atomic, so two simultaneous first requests
+# with one key make one job (the second sees the first's key and job). KEYS: the job
+# hash, the queued set, the idempotency key (the job hash again when there is none),
+# the file keys. ARGV: max queued, now, ttl, the record's fields (JSON), the job id,
+# the job key prefix, the files' bytes (in KEYS order). A single Redis, not a Cluster
+# (the replayed job's hash is named from the key's value).
+_CREATE = """
+local idem = KEYS[3] ~= KEYS[1]
+if idem then
+  local existing = redis.call('get', KEYS[3])
+  if existing and redis.call('exists', ARGV[6] .. existing) == 1 then
+    return {0, existing}
+  end
+end
+if redis.call('zcard', KEYS[2]) >= tonumber(ARGV[1]) then return {-1, ''} end
+for i = 4, #KEYS do redis.call('set', KEYS[i], ARGV[i + 3], 'EX', ARGV[3]) end
 redis.call('hset', KEYS[1], unpack(cjson.decode(ARGV[4])))
 redis.call('expire', KEYS[1], ARGV[3])
 redis.call('zadd', KEYS[2], ARGV[2], ARGV[5])
-return 1
+if idem then redis.call('set', KEYS[3], ARGV[5], 'EX', ARGV[3]) end
+return {1, ARGV[5]}
 """
 # Claim by an attempt: only a queued or running (a retried attempt) job.
 _CLAIM = """
@@ -201,7 +217,7 @@ class JobStore:
         self.ttl = settings.jobs_ttl_s
         self.r: Any = client or redis.Redis.from_url(url, socket_timeout=5.0,
                                                 socket_connect_timeout=5.0)
-        self._admit = self.r.register_script(_ADMIT)
+        self._create = self.r.register_script(_CREATE)
         self._claim = self.r.register_script(_CLAIM)
         self._finish = self.r.register_script(_FINISH)
         self._end = self.r.register_script(_END)
@@ -213,35 +229,29 @@ class JobStore:
                options: Mapping[str, Any], frames_total: int,
                idempotency_key: str | None = None) -> tuple[str, bool]:
         """Store a new queued job and its files; returns (id, created). With an
-        ``idempotency_key`` seen before for ``owner``, the existing job's id and
-        False. The caller then enqueues the job's message (:meth:`enqueue`).
+        ``idempotency_key`` seen before for ``owner`` whose job is still there, that
+        job's id and False. One atomic step (see ``_CREATE``): simultaneous first
+        requests with one key make one job. The caller then enqueues the job's
+        message (:meth:`enqueue`).
 
         Raises:
             OverloadedError: ``queue_full`` (503 + Retry-After).
         """
-        idem = f"facefuse:idem:{owner}:{idempotency_key}" if idempotency_key else None
         job_id = new_job_id()
-        if idem is not None and not self.r.set(idem, job_id, nx=True, ex=self.ttl):
-            existing = self.r.get(idem)
-            if existing is not None and self.r.exists(_P + existing.decode()):
-                return existing.decode(), False
-            self.r.set(idem, job_id, ex=self.ttl)
-        pipe = self.r.pipeline()
-        for name, data in files.items():
-            pipe.set(f"{_P}{job_id}:in:{name}", data, ex=self.ttl)
-        pipe.execute()
+        idem = f"facefuse:idem:{owner}:{idempotency_key}" if idempotency_key else _P + job_id
         now = time.time()
         fields = [str(x) for x in (
             "owner", owner, "kind", kind, "state", "queued", "created", repr(now),
             "options", json.dumps(dict(options)), "attempts", 0,
             "frames_total", frames_total, "files", ",".join(files))]
-        ok = self._admit(keys=[_P + job_id, _QUEUED],
-                         args=[self.settings.jobs_max_queued, now, self.ttl,
-                               json.dumps(fields), job_id])
-        if not ok:
-            self._drop_files(job_id, files)
-            if idem is not None:
-                self.r.delete(idem)
+        names = list(files)
+        status, got = self._create(
+            keys=[_P + job_id, _QUEUED, idem, *(f"{_P}{job_id}:in:{n}" for n in names)],
+            args=[self.settings.jobs_max_queued, now, self.ttl, json.dumps(fields), job_id,
+                  _P, *(files[n] for n in names)])
+        if int(status) == 0:
+            return bytes(got).decode(), False
+        if int(status) < 0:
             raise OverloadedError(
                 f"the job queue is full ({self.settings.jobs_max_queued} waiting); retry "
                 "later", code="queue_full")

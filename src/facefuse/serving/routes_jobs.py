@@ -4,7 +4,8 @@
   ``reference``) and either ``clip`` (a video) or ``target`` (an image), with the
   options of ``/v1/fuse`` and the clip options below → ``202 Accepted`` with
   ``Location: /v1/jobs/{id}``. An ``Idempotency-Key`` header seen before (for the
-  same API key) answers with that job instead of a new one. A clip over the
+  same API key, its job still there) answers with that job instead of a new one
+  (atomic: simultaneous first requests with one key make one job). A clip over the
   limits is refused here, typed (413/400), before it is queued (by the worker,
   failing the job, where this install has no PyAV); a full queue is
   ``503 queue_full`` with ``Retry-After``.
