@@ -380,12 +380,16 @@ _ENUM_FIELDS = frozenset({"precision", "detector", "log_level", "io_binding", "p
                           "templates_backend", "label_corner", "cache_scope"})
 
 
-def _redis_target(url: str) -> tuple[str, int, str]:
-    """(host, port, database) a Redis URL points at, passwords left out."""
+def _redis_target(url: str) -> tuple[str, int]:
+    """(host, port) — or (socket path, 0) — of the Redis server a URL points at,
+    passwords and database left out: ``maxmemory`` and the eviction policy are the
+    server's, so another database of the cache's server is evicted just the same."""
     from urllib.parse import urlsplit
 
     u = urlsplit(url)
-    return (u.hostname or u.path, u.port or 6379, u.path.strip("/") or "0")
+    if u.scheme == "unix":
+        return (u.path, 0)
+    return (u.hostname or "", u.port or 6379)
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

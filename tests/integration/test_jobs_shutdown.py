@@ -29,7 +29,9 @@ class StuckRunner(worker_mod.JobRunner):
     """A runner whose work blocks until ``release`` (it ignores the hand-back flag,
     as a frame stuck in native code would)."""
 
-    release = threading.Event()
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.release = threading.Event()
 
     def _run(self, job_id: str, kind: str, raw: dict[str, Any]
              ) -> tuple[bytes, str, dict[str, Any]]:
@@ -63,7 +65,8 @@ def stuck(settings: Settings, fuser: FaceFuser, redis_server: Any
         yield {"worker": w, "runner": runner, "flight": flight, "store": store,
                "job": job_id, "redis": redis.Redis.from_url(redis_server.url)}
     finally:
-        StuckRunner.release.set()
+        runner.release.set()
+        w.stop(timeout=5000)
 
 
 def test_a_job_that_does_not_stop_is_requeued_and_the_stop_returns(

@@ -67,6 +67,13 @@ def test_the_job_queue_never_shares_the_caches_redis() -> None:
     cache, durable = "redis://cache:6379/0", "redis://durable:6379/0"
     with pytest.raises(InvalidArgumentError, match="jobs_redis_url must not be the L2"):
         Settings(redis_url=cache, jobs_redis_url="redis://:pw@cache/0")
+    # Another database of the cache's server is under the same eviction policy.
+    for other in ("redis://cache:6379/1", "redis://cache/3"):
+        with pytest.raises(InvalidArgumentError, match="jobs_redis_url must not be the L2"):
+            Settings(redis_url=cache, jobs_redis_url=other)
+        with pytest.raises(InvalidArgumentError, match="templates_redis_url must not be"):
+            Settings(redis_url=cache, templates_redis_url=other)
+    assert Settings(redis_url=cache, jobs_redis_url="redis://cache:6380/0").jobs_redis_url
     s = Settings(redis_url=cache, templates_redis_url=durable, jobs_redis_url=durable)
     assert s.jobs_redis_url == durable and "durable" not in repr(s)
 

@@ -110,6 +110,10 @@ return 1
 """
 
 
+#: Socket and connect timeout of the broker's Redis client, seconds.
+REDIS_TIMEOUT_S = 5.0
+
+
 def new_job_id() -> str:
     """A random job id (URL-safe, 22 characters)."""
     return secrets.token_urlsafe(16)
@@ -119,19 +123,25 @@ def jobs_redis_url(settings: Settings) -> str:
     """The job queue's Redis URL.
 
     Raises:
-        InvalidArgumentError: ``jobs_unavailable`` when FACEFUSE_JOBS_REDIS_URL is unset.
+        InvalidArgumentError: ``jobs_not_configured`` when FACEFUSE_JOBS_REDIS_URL is
+            unset (``jobs_unavailable``, 503, is the queue's Redis unreachable).
     """
     if not settings.jobs_redis_url:
         raise InvalidArgumentError("jobs need a Redis of their own: set "
-                                   "FACEFUSE_JOBS_REDIS_URL", code="jobs_unavailable")
+                                   "FACEFUSE_JOBS_REDIS_URL", code="jobs_not_configured")
     return settings.jobs_redis_url
 
 
 def broker(settings: Settings) -> Any:
     """The Dramatiq Redis broker of ``settings.jobs_redis_url`` (the job queue)."""
+    import redis
     from dramatiq.brokers.redis import RedisBroker
 
-    return RedisBroker(url=jobs_redis_url(settings), namespace=NAMESPACE,
+    # Bounded socket waits: a worker handing its job back to a Redis that hangs must
+    # still stop within its grace period.
+    client = redis.Redis.from_url(jobs_redis_url(settings), socket_timeout=REDIS_TIMEOUT_S,
+                                  socket_connect_timeout=REDIS_TIMEOUT_S)
+    return RedisBroker(client=client, namespace=NAMESPACE,
                        heartbeat_timeout=int(settings.jobs_heartbeat_s * 1000),
                        # A dead worker's message is put back within a few heartbeats.
                        maintenance_chance=50_000)

@@ -92,11 +92,8 @@ def _jobs(request: Request) -> _Jobs:
     app = request.app
     jobs: _Jobs | None = getattr(app.state, "jobs", None)
     if jobs is None:
+        # Mounted only with FACEFUSE_JOBS_REDIS_URL set (see app.py).
         settings = services(request).settings
-        if not settings.jobs_redis_url:
-            raise CacheUnavailableError(
-                "jobs need Redis: this server has no FACEFUSE_JOBS_REDIS_URL",
-                code="jobs_unavailable")
         jobs = _Jobs(JobStore(settings), broker(settings))
         app.state.jobs = jobs
     return jobs

@@ -338,7 +338,10 @@ def shut_down(worker: Any, runner: JobRunner, flight: Any, grace_s: float) -> bo
     job_id, message = runner.current, flight.message
     if job_id is None and not stopper.is_alive():
         return True
-    log.warning("job %s did not stop within %.0f s of the signal; requeued", job_id, bound)
+    if job_id is None:
+        log.warning("the worker's consumers did not stop within %.0f s of the signal", bound)
+    else:
+        log.warning("job %s did not stop within %.0f s of the signal; requeued", job_id, bound)
     if job_id is not None:
         with contextlib.suppress(Exception):
             patient(runner.store.requeue, job_id, seconds=5.0)
