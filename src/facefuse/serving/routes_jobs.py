@@ -49,6 +49,7 @@ from facefuse.serving.routes import _ERRORS, require_key
 from facefuse.serving.schemas import ErrorBody, FuseParams, image_request_body
 from facefuse.serving.security import bearer_token
 from facefuse.serving.state import services
+from facefuse.video.codecs import pyav
 from facefuse.video.io import VideoLimits, probe
 
 __all__ = ["router"]
@@ -130,13 +131,14 @@ def _probe_clip(data: bytes, limits: VideoLimits) -> int:
     if len(data) > limits.max_bytes:
         raise VideoTooLargeError(f"the clip is {len(data)} bytes; the limit is "
                                  f"{limits.max_bytes}", code="video_too_large")
+    try:
+        pyav()
+    except VideoUnavailableError:
+        return 0
     with tempfile.NamedTemporaryFile(prefix="facefuse-probe-") as f:
         f.write(data)
         f.flush()
-        try:
-            return probe(Path(f.name), limits).expected_frames
-        except VideoUnavailableError:
-            return 0
+        return probe(Path(f.name), limits).expected_frames
 
 
 @router.post(
