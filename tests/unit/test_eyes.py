@@ -86,7 +86,8 @@ def test_the_irises_take_the_sources_colour(fuser: FaceFuser,
             m = eyes._ring_median(image.astype(np.float32), inside, c, r)
             assert m is not None
             colours.append(m / m.sum())
-        return np.mean(colours, axis=0)
+        out: np.ndarray = np.mean(colours, axis=0)
+        return out
 
     c_src, c_tgt = chroma(src.image, src.landmarks), chroma(tgt.image, tgt.landmarks)
     out = _fuse(fuser, src, tgt, FULL_TEXTURE)

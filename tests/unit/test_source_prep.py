@@ -31,9 +31,14 @@ def test_a_cached_render_is_the_uncached_render(
         sample_images: dict[str, np.ndarray], faces: dict[str, Any], source: str,
         target: str, options: FuseOptions, monkeypatch: pytest.MonkeyPatch) -> None:
     src, tgt = sample_images[source], sample_images[target]
-    calls = []
+    calls: list[int] = []
     real = sym.tone_colours
-    monkeypatch.setattr(sym, "tone_colours", lambda *a: calls.append(1) or real(*a))
+
+    def counted(*a: Any) -> Any:
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(sym, "tone_colours", counted)
     plain = ClassicSwapper(cache_sources=False).render(src, faces[source], tgt, faces[target],
                                                        options)
     per_render = len(calls)
@@ -53,7 +58,7 @@ def test_a_cached_render_is_the_uncached_render(
         assert np.array_equal(layer.landmarks, plain.landmarks)
         assert (layer.keep is None) == (plain.keep is None)
         if plain.keep is not None:
-            assert np.array_equal(layer.keep, plain.keep)
+            assert layer.keep is not None and np.array_equal(layer.keep, plain.keep)
 
 
 def test_the_memo_is_found_by_the_image_object_not_its_pixels() -> None:
