@@ -364,3 +364,47 @@ def test_the_writer_converts_only_the_changed_boxes(clips: dict[str, Path],
         half = np.zeros(u.shape, bool)
         half[30:116, 50:130] = True
         assert np.array_equal(u[~half], u_in[~half])
+
+
+def test_faces_rendered_in_turn_match_faces_rendered_at_once_when_apart(
+        fuser: FaceFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overlapping faces are rendered one after another over the frame as blended so
+    far (as the image path does); on the story clip's two faces, which lie apart,
+    that order must give exactly the frames of rendering both over the decoded frame."""
+    from facefuse.video import engine
+
+    options = VideoOptions(fuse=FuseOptions(mode="many"))
+    first = ClipFusion(fuser, options, [sample_paths[SOURCE]])
+    at_once = [first.process(f.rgb, f.index, f.time_s)[0]
+               for f in VideoReader(clips["story"], probe(clips["story"]))
+               if isinstance(f, Frame)]
+    monkeypatch.setattr(engine, "_overlapping", lambda plan: len(plan.targets) > 1)
+    state = ClipFusion(fuser, options, [sample_paths[SOURCE]])
+    two_faces = 0
+    for i, f in enumerate(x for x in VideoReader(clips["story"], probe(clips["story"]))
+                          if isinstance(x, Frame)):
+        rgb, stats = state.process(f.rgb, f.index, f.time_s)
+        two_faces += len(stats.fused) > 1
+        assert np.array_equal(rgb, at_once[i]), i
+    assert two_faces > 0
+
+
+def test_overlapping_regions_are_found() -> None:
+    from types import SimpleNamespace
+
+    from facefuse.video.engine import _overlapping
+
+    lm = np.zeros((478, 3))
+    lm[:, 0] = np.linspace(100, 160, 478)
+    lm[:, 1] = np.linspace(100, 170, 478)
+    lm[33, :2], lm[263, :2] = (110, 120), (150, 120)
+
+    def plan(dx: float) -> Any:
+        other = lm.copy()
+        other[:, 0] += dx
+        faces = [SimpleNamespace(face=SimpleNamespace(landmarks=m)) for m in (lm, other)]
+        return SimpleNamespace(targets=faces, rgb=np.zeros((400, 800, 3), np.uint8))
+
+    assert _overlapping(plan(70.0)) and not _overlapping(plan(400.0))
+    assert not _overlapping(SimpleNamespace(targets=plan(70.0).targets[:1], rgb=None))

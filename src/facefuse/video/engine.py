@@ -45,6 +45,7 @@ import numpy as np
 from facefuse.errors import CancelledError, FaceError, InvalidArgumentError, MappingError
 from facefuse.faces import stages
 from facefuse.faces.types import Detection, Face
+from facefuse.fusion import mask as masks
 from facefuse.fusion.engine import FaceFuser, blend_layer
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.mapping import FacePair, iou, parse_mapping
@@ -326,17 +327,26 @@ class ClipFusion:
 
     def render(self, plan: FramePlan) -> list[FaceLayer]:
         """The rendered layer of each of the plan's faces, over the decoded frame.
-        Thread-safe: touches no state of the clip."""
+        Thread-safe: touches no state of the clip. Faces whose regions overlap are
+        not rendered here (an empty list): each must be rendered over the frame its
+        neighbour was already blended into, which :meth:`finish` does in order."""
+        if _overlapping(plan):
+            return []
         return [self.swapper.render(x.source.rgb, x.source.face, plan.rgb, x.face,
                                     self._render_options) for x in plan.targets]
 
     def finish(self, plan: FramePlan, layers: Sequence[FaceLayer]) -> tuple[np.ndarray,
                                                                              FrameStats]:
-        """The fused frame (a new array) from the plan's rendered ``layers``: each
-        face's tone steadied over time, then blended in (in frame order)."""
+        """The fused frame (a new array) from the plan's rendered ``layers`` (or,
+        when :meth:`render` left overlapping faces to it, each rendered over the
+        frame as blended so far): each face's tone steadied over time, then blended
+        in (in frame order)."""
         out = plan.rgb.copy()
         stats = plan.stats
-        for x, layer in zip(plan.targets, layers, strict=True):
+        serial = len(layers) != len(plan.targets)
+        for i, x in enumerate(plan.targets):
+            layer = (self.swapper.render(x.source.rgb, x.source.face, out, x.face,
+                                         self._render_options) if serial else layers[i])
             if self.options.smooth:
                 layer = dataclasses.replace(
                     layer, face=x.tone(x.resets, layer.face, layer.mask, plan.t))
@@ -621,3 +631,16 @@ class _Sink:
         self._error = self._error or CancelledError("aborted")
         self._q.put(_END)  # the thread drains the queue, so this cannot block for long
         self._thread.join(timeout=30)
+
+
+def _overlapping(plan: FramePlan) -> bool:
+    """Whether two of the plan's faces have blend regions that overlap (the
+    region each render covers: the face and twice its feather around it)."""
+    if len(plan.targets) < 2:
+        return False
+    boxes = []
+    for x in plan.targets:
+        lm = np.asarray(x.face.landmarks, np.float64)
+        boxes.append(masks.face_region(lm, plan.rgb.shape, 2 * masks.feather_px(lm)))
+    return any(a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+               for i, a in enumerate(boxes) for b in boxes[i + 1:])
