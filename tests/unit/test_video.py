@@ -407,4 +407,5 @@ def test_overlapping_regions_are_found() -> None:
         return SimpleNamespace(targets=faces, rgb=np.zeros((400, 800, 3), np.uint8))
 
     assert _overlapping(plan(70.0)) and not _overlapping(plan(400.0))
-    assert not _overlapping(SimpleNamespace(targets=plan(70.0).targets[:1], rgb=None))
+    one: Any = SimpleNamespace(targets=plan(70.0).targets[:1], rgb=None)
+    assert not _overlapping(one)
