@@ -71,7 +71,10 @@ class SourceEntry(Protocol):
     """One source's memo."""
 
     def get(self, name: Hashable, compute: Callable[[], T]) -> T:
-        """The result stored under ``name``, computed by ``compute()`` the first time."""
+        """The result stored under ``name``, computed by ``compute()`` the first time.
+
+        ``compute`` must return arrays of its own (not the caller's, nor views of
+        them): they are made read-only in place and shared by later frames."""
         ...
 
 
