@@ -104,8 +104,8 @@ def test_glasses_are_found(samples: dict[str, Sample], kind: FrameKind) -> None:
 @pytest.mark.parametrize("kind", ["metal", "plastic"])
 def test_target_glasses_are_kept_and_source_glasses_rejected(
         fuser: FaceFuser, samples: dict[str, Sample], kind: FrameKind) -> None:
-    """With the option, glasses are regions, not colour outliers."""
-    on, off = FuseOptions(glasses=True), FuseOptions()
+    """By default glasses are regions, not colour outliers."""
+    on, off = FuseOptions(), FuseOptions(glasses=False)
     for s, t, donor in PAIRS:
         kept, _ = glasses_survival_trial(fuser, samples[s], samples[t], kind, samples[donor],
                                          on)

@@ -243,9 +243,11 @@ BRIDGE_SPAN = 0.5
 #: ... counted in bins of this many eye distances across.
 BRIDGE_BIN = 0.02
 #: A fitted rim's centre lies within RIM_CENTRE_SLACK eye distances of the eye's,
-#: its half-axes between RIM_AXES.
+#: its half-axes between RIM_AXES. The outer eye corners are about 90 mm apart and
+#: even large lenses are under 62 mm wide (half-width ≤ 0.35 eye distances); an
+#: "ellipse" through lid creases, brow and eye bag is wider (0.38-0.40).
 RIM_CENTRE_SLACK = 0.2
-RIM_AXES = (0.08, 0.45)
+RIM_AXES = (0.08, 0.36)
 #: At least RIM_ON_ELLIPSE of a rim's pixels lie within RIM_BAND eye distances of
 #: the fitted ellipse.
 RIM_ON_ELLIPSE = 0.6

@@ -109,10 +109,9 @@ class FuseOptions:
     symmetric_fill: bool = _option(True, cli="--no-symmetric-fill", help=(
         "Where the source photo hides or squeezes part of the face the target shows (a "
         "turned head), take it from the mirrored other half of the source face."))
-    glasses: bool = _option(False, cli="--glasses", help=(
+    glasses: bool = _option(True, cli="--no-glasses", help=(
         "Find glasses frames (and their lens reflections) as regions: the target's are "
-        "kept bit-exact, the source's never carried. Off by default: on some faces "
-        "without glasses it takes lid creases and brows for a frame."))
+        "kept bit-exact, the source's never carried."))
     facial_hair: bool = _option(False, cli="--facial-hair", help=(
         "Also find facial hair (beard, moustache, stubble) as regions: the target's is "
         "kept, the source's never carried. Off by default: it costs about a third of the "
