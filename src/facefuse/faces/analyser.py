@@ -95,10 +95,8 @@ class FaceAnalyser:
         t = timer.add("decode", t)
         detections = self.detect(rgb, purpose)
         t = timer.add("detect", t)
-        faces = stages.reported(self.run(stages.mesh(self.models.mesh, rgb, detections)))
-        if detections and not faces:
-            faces = self.run(stages.past_rejected(self.models.detectors[purpose],
-                                                  self.models.mesh, rgb, self.models.turns))
+        faces = self.run(stages.confirmed(self.models.detectors[purpose], self.models.mesh,
+                                          rgb, detections, self.models.turns))
         t = timer.add("mesh", t)
         if embed and faces:
             faces = self.embed(rgb, faces)

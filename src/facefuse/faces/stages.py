@@ -277,14 +277,23 @@ def _detect_turn(detector: Detector, rgb: np.ndarray, k: int,
     return [unrotate_detection(d, k, w, h) for d in found]
 
 
-def past_rejected(detector: Detector, fm: FaceMesh, rgb: np.ndarray,
-                  turns: Sequence[int]) -> Stage[list[Face]]:
-    """The faces :func:`detect` + :func:`mesh` + :func:`reported` find when the
-    detections :func:`detect` stopped at were all rejected by the mesh: every turn
-    tried again, tiles included, and the first whose meshed detections include a
-    face wins (a false face found upright no longer hides the real one of an
-    upside-down photo, nor a large false box the tiles' small faces). Rare: run
-    only after :func:`reported` dropped everything."""
+def confirmed(detector: Detector, fm: FaceMesh, rgb: np.ndarray,
+              detections: Sequence[Detection], turns: Sequence[int]) -> Stage[list[Face]]:
+    """The faces of ``detections`` (what :func:`detect` found with ``detector`` and
+    ``turns``) that the mesh confirms (:func:`reported`). When it rejects every one,
+    the search goes on past where :func:`detect` stopped (:func:`_past_rejected`)."""
+    faces = reported((yield from mesh(fm, rgb, detections)))
+    if detections and not faces:
+        faces = yield from _past_rejected(detector, fm, rgb, turns)
+    return faces
+
+
+def _past_rejected(detector: Detector, fm: FaceMesh, rgb: np.ndarray,
+                   turns: Sequence[int]) -> Stage[list[Face]]:
+    """Every turn tried again, tiles included, and the first whose meshed
+    detections include a face wins: a false face found upright no longer hides
+    the real one of an upside-down photo, nor a large false box the tiles' small
+    faces. Rare: only after :func:`reported` dropped everything."""
     for k in turns:
         found = yield from _detect_turn(detector, rgb, k, coarse_first=False)
         if found:

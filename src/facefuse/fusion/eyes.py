@@ -48,17 +48,26 @@ def _distance(shape: tuple[int, int], centre: np.ndarray) -> np.ndarray:
     return out
 
 
+def _box(lo: np.ndarray, hi: np.ndarray, reach: int, size: tuple[int, int]
+         ) -> tuple[int, int, int, int] | None:
+    """(x0, y0, x1, y1): the pixels within ``reach`` of the points' box ``lo``..``hi``
+    (x, y), clipped to an image of ``size`` (w, h); None when nothing is left."""
+    w, h = size
+    x0, y0 = max(0, int(lo[0]) - reach), max(0, int(lo[1]) - reach)
+    x1, y1 = min(w, int(hi[0]) + reach + 1), min(h, int(hi[1]) + reach + 1)
+    return None if x1 <= x0 or y1 <= y0 else (x0, y0, x1, y1)
+
+
 def _ring_median(image: np.ndarray, aperture: np.ndarray, centre: np.ndarray,
                  radius: float) -> np.ndarray | None:
     """Median colour (3,) of ``image`` on the iris annulus inside the aperture,
     catchlights left out; None with fewer than :data:`MIN_SAMPLES` pixels. Only
     the annulus's bounding box is read."""
-    h, w = image.shape[:2]
-    reach = int(np.ceil(SAMPLE_RING[1] * radius)) + 1
-    x0, y0 = max(0, int(centre[0]) - reach), max(0, int(centre[1]) - reach)
-    x1, y1 = min(w, int(centre[0]) + reach + 1), min(h, int(centre[1]) + reach + 1)
-    if x1 <= x0 or y1 <= y0:
+    box = _box(centre, centre, int(np.ceil(SAMPLE_RING[1] * radius)) + 1,
+               (image.shape[1], image.shape[0]))
+    if box is None:
         return None
+    x0, y0, x1, y1 = box
     d = _distance((y1 - y0, x1 - x0), centre - np.array([x0, y0]))
     ring = ((d >= SAMPLE_RING[0] * radius) & (d <= SAMPLE_RING[1] * radius)
             & (aperture[y0:y1, x0:x1] > 0.5))
@@ -120,19 +129,19 @@ def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray |
     # One box over both irises: the lids' openings are drawn once.
     reach = max(int(np.ceil(1.2 * r)) + 2 for (_, r), _ in irises)
     cs = np.array([c for (c, _), _ in irises])
-    x0, y0 = max(0, int(cs[:, 0].min()) - reach), max(0, int(cs[:, 1].min()) - reach)
-    x1, y1 = min(w, int(cs[:, 0].max()) + reach + 1), min(h, int(cs[:, 1].max()) + reach + 1)
-    if x1 <= x0 or y1 <= y0:
+    both = _box(cs.min(0), cs.max(0), reach, (w, h))
+    if both is None:
         return
+    x0, y0, x1, y1 = both
     origin = np.array([x0, y0])
     aperture = masks.eyes_mask(dst - np.array([x0, y0, 0.0]), (0, 0, x1 - x0, y1 - y0),
                                feather)
     for (centre, radius), gain in irises:
         c = centre - origin
-        bx0, by0 = max(0, int(c[0]) - reach), max(0, int(c[1]) - reach)
-        bx1, by1 = min(x1 - x0, int(c[0]) + reach + 1), min(y1 - y0, int(c[1]) + reach + 1)
-        if bx1 <= bx0 or by1 <= by0:
+        one = _box(c, c, reach, (x1 - x0, y1 - y0))
+        if one is None:
             continue
+        bx0, by0, bx1, by1 = one
         box = layer[y0 + by0:y0 + by1, x0 + bx0:x0 + bx1]
         opening = aperture[by0:by1, bx0:bx1]
         d = _distance(box.shape[:2], c - np.array([bx0, by0]))

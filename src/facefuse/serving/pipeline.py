@@ -462,11 +462,8 @@ class Pipeline:
             detections = await self.run(stages.detect(
                 detector, rgb, models.turns, coarse_first=purpose == "largest"), ctx)
             t = ctx.timer.add("detect", t)
-            faces = await self.run(stages.mesh(models.mesh, rgb, detections), ctx)
-            faces = stages.reported(faces)
-            if detections and not faces:
-                faces = await self.run(stages.past_rejected(detector, models.mesh, rgb,
-                                                            models.turns), ctx)
+            faces = await self.run(stages.confirmed(detector, models.mesh, rgb, detections,
+                                                    models.turns), ctx)
             ctx.timer.add("mesh", t)
         if embed and faces:
             t = time.perf_counter()

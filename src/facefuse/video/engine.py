@@ -104,15 +104,11 @@ class VideoOptions:
     threads: int = 2
 
     def __post_init__(self) -> None:
-        if not isinstance(self.detect_every, int) or not 1 <= self.detect_every <= 300:
-            raise InvalidArgumentError("detect_every must be an integer in 1..300",
-                                       code="invalid_detect_every")
-        if not isinstance(self.window, int) or not 1 <= self.window <= 64:
-            raise InvalidArgumentError("window must be an integer in 1..64",
-                                       code="invalid_window")
-        if not isinstance(self.threads, int) or not 1 <= self.threads <= 16:
-            raise InvalidArgumentError("threads must be an integer in 1..16",
-                                       code="invalid_threads")
+        for name, high in (("detect_every", 300), ("window", 64), ("threads", 16)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 1 <= value <= high:
+                raise InvalidArgumentError(f"{name} must be an integer in 1..{high}",
+                                           code=f"invalid_{name}")
 
 
 @dataclass
