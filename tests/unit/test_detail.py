@@ -56,6 +56,29 @@ def test_full_maps_of_the_identity_are_the_identity_at_every_scale() -> None:
     assert np.abs(mx - fx).max() < 1e-3 and np.abs(my - fy).max() < 1e-3
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_an_upsampled_window_is_the_upsample_where_it_is_not_zero(seed: int) -> None:
+    """Outside :func:`detail.nonzero_window` the whole upsample is exactly 0, and
+    inside it :func:`detail.upsample_window` gives the upsample's values."""
+    rng = np.random.default_rng(seed)
+    h, w = (int(v) for v in rng.integers(5, 60, 2))
+    size = (int(w * rng.uniform(1.01, 4.0)), int(h * rng.uniform(1.01, 4.0)))
+    small = np.zeros((h, w), np.float32)
+    y, x = int(rng.integers(0, h)), int(rng.integers(0, w))
+    small[y:y + int(rng.integers(1, 6)), x:x + int(rng.integers(1, 6))] = rng.uniform(0.1, 1.0)
+    ratio = (w / size[0], h / size[1])
+    whole = detail.upsample(small, size)
+    window = detail.nonzero_window(small, ratio, size)
+    assert window is not None
+    x0, y0, x1, y1 = window
+    outside = np.ones(whole.shape, bool)
+    outside[y0:y1, x0:x1] = False
+    assert not whole[outside].any()
+    part = detail.upsample_window(small, ratio, window)
+    np.testing.assert_allclose(part, whole[y0:y1, x0:x1], atol=0.02)
+    assert detail.nonzero_window(np.zeros((h, w), np.float32), ratio, size) is None
+
+
 @pytest.mark.parametrize(("e_src", "e_tgt", "e_ref"), [(4.0, 1.0, 2.0), (0.5, 1.0, 2.0),
                                                        (0.0, 1.5, 1.0), (9.0, 9.0, 1.0)])
 def test_detail_gains_give_the_photo_its_own_energy(e_src: float, e_tgt: float,

@@ -94,6 +94,37 @@ def upsample(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return out
 
 
+def nonzero_window(small: np.ndarray, ratio: tuple[float, float],
+                   size: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """The full-resolution window (x0, y0, x1, y1) outside which :func:`upsample` of
+    ``small`` (h, w) to ``size`` = (w, h) is exactly 0 (``ratio``: small pixels per
+    full pixel, x and y); None when ``small`` is 0 everywhere."""
+    x, y, w, h = cv2.boundingRect((small != 0).view(np.uint8))
+    if w == 0 or h == 0:
+        return None
+    sx, sy = ratio
+    # A full pixel X samples the small grid at (X + 0.5)·s − 0.5 and reads its two
+    # neighbours: it is 0 unless that point is within one small pixel of the box.
+    x0 = max(0, int(np.floor((x - 0.5) / sx - 0.5)))
+    y0 = max(0, int(np.floor((y - 0.5) / sy - 0.5)))
+    x1 = min(size[0], int(np.ceil((x + w + 0.5) / sx - 0.5)) + 1)
+    y1 = min(size[1], int(np.ceil((y + h + 0.5) / sy - 0.5)) + 1)
+    return x0, y0, x1, y1
+
+
+def upsample_window(img: np.ndarray, ratio: tuple[float, float],
+                    window: tuple[int, int, int, int]) -> np.ndarray:
+    """:func:`upsample` of ``img`` over one full-resolution ``window`` (x0, y0, x1,
+    y1) only (``ratio``: small pixels per full pixel), pixel centres aligned."""
+    sx, sy = ratio
+    x0, y0, x1, y1 = window
+    m = np.array([[sx, 0.0, (x0 + 0.5) * sx - 0.5], [0.0, sy, (y0 + 0.5) * sy - 0.5]])
+    out: np.ndarray = cv2.warpAffine(img, m, (x1 - x0, y1 - y0),
+                                     flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                                     borderMode=cv2.BORDER_REPLICATE)
+    return out
+
+
 def low_pass(img: np.ndarray, sigma: float) -> np.ndarray:
     """Gaussian low-pass (σ = ``sigma`` pixels) of an (H, W[, C]) float32 image; from
     σ 2 on, computed at half size (what survives such a blur survives the

@@ -255,14 +255,24 @@ def _measure_mask(mask: npt.NDArray[Any], shape: tuple[int, ...]) -> npt.NDArray
 _IMMERKAER = np.array([[1, -2, 1], [-2, 4, -2], [1, -2, 1]], dtype=np.float32)
 
 
+def _sampled(values: npt.NDArray[Any], where: npt.NDArray[np.bool_]) -> npt.NDArray[Any]:
+    """``values`` on ``where``, read on every other row and column: the filter
+    responses are stationary over a face's skin, and a quarter of its pixels give
+    the same robust statistics (to well under 1% on the samples) at a quarter of
+    the cost of the median's partition. All of ``where`` when that quarter has
+    fewer than :data:`MIN_MASK_PIXELS` pixels."""
+    out: npt.NDArray[Any] = values[::2, ::2][where[::2, ::2]]
+    return out if out.size >= MIN_MASK_PIXELS else values[where]
+
+
 def _noise_sigma_luma(luma: F32, where: npt.NDArray[np.bool_]) -> float:
     r = cv2.filter2D(luma, cv2.CV_32F, _IMMERKAER, borderType=cv2.BORDER_REFLECT_101)
-    return float(np.median(np.abs(r[where]))) / (0.6745 * 6.0)
+    return float(np.median(np.abs(_sampled(r, where)))) / (0.6745 * 6.0)
 
 
 def _laplacian_var(luma: F32, where: npt.NDArray[np.bool_]) -> float:
     lap = cv2.Laplacian(luma, cv2.CV_32F, ksize=1, borderType=cv2.BORDER_REFLECT_101)
-    return float(np.var(lap[where].astype(np.float64)))
+    return float(np.var(_sampled(lap, where).astype(np.float64)))
 
 
 def _detail(luma: F32, where: npt.NDArray[np.bool_]) -> tuple[float, float]:

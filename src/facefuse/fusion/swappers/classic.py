@@ -97,11 +97,15 @@ def _without_highlights(crop: detail.Scaled, small: np.ndarray, landmarks: np.nd
     small, weight, mean = specular.suppress(small, landmarks)
     if mean is None:
         return crop, small
-    if crop.small != crop.size:
-        full = specular.apply(crop.full, detail.upsample(weight, crop.size),
-                              detail.upsample(mean, crop.size))
-    else:
-        full = small
+    full = small
+    window = detail.nonzero_window(weight, crop.ratio, crop.size)
+    if crop.small != crop.size and window is not None:
+        # Highlights are a small part of the face: only their window is touched.
+        x0, y0, x1, y1 = window
+        full = crop.full.copy()
+        full[y0:y1, x0:x1] = specular.apply(
+            full[y0:y1, x0:x1], detail.upsample_window(weight, crop.ratio, window),
+            detail.upsample_window(mean, crop.ratio, window))
     return detail.Scaled(full, crop.small), small
 
 
