@@ -145,3 +145,48 @@ def test_a_rendered_sources_entry_dies_with_the_source_image(
     del src
     gc.collect()
     assert len(swapper.sources) == 0 and not swapper.sources._entries
+
+
+def test_the_source_side_on_its_own_thread_renders_what_one_thread_does(
+        sample_images: dict[str, np.ndarray], faces: dict[str, Any]) -> None:
+    """The source's half of a render on the side pool, the target's in the caller:
+    the same layer, to the bit, as both in one thread; and four renders at once on
+    one swapper (its pool shared) each give their own pair's layer."""
+    pairs = [("biden", "obama"), ("obama", "astronaut"), ("astronaut", "obama2"),
+             ("obama2", "biden")]
+    inline = ClassicSwapper(cache_sources=False, side_threads=0)
+    expected = [inline.render(sample_images[s], faces[s], sample_images[t], faces[t],
+                              FuseOptions()) for s, t in pairs]
+    shared = ClassicSwapper(cache_sources=False, side_threads=2)
+    got: dict[int, Any] = {}
+
+    def render(i: int) -> None:
+        s, t = pairs[i]
+        got[i] = shared.render(sample_images[s], faces[s], sample_images[t], faces[t],
+                               FuseOptions())
+
+    threads = [threading.Thread(target=render, args=(i,)) for i in range(len(pairs))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for i, want in enumerate(expected):
+        assert np.array_equal(got[i].face, want.face)
+        assert np.array_equal(got[i].mask, want.mask)
+
+
+def test_a_failing_source_side_fails_the_render(
+        sample_images: dict[str, np.ndarray], faces: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error on the side thread reaches the caller (not a hang, not a half layer)."""
+    from facefuse.fusion.swappers import classic
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("source side failed")
+
+    monkeypatch.setattr(classic, "_source_crop", broken)
+    for threads in (0, 2):
+        with pytest.raises(RuntimeError, match="source side failed"):
+            ClassicSwapper(cache_sources=False, side_threads=threads).render(
+                sample_images["biden"], faces["biden"], sample_images["obama"],
+                faces["obama"], FuseOptions())

@@ -15,7 +15,12 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import cv2
 import numpy as np
@@ -32,6 +37,8 @@ from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.color import match_sharpness
 from facefuse.imaging.pixels import OpenCVPixels, PixelBackend
 from facefuse.imaging.warp import delaunay, piecewise_affine_maps
+
+T = TypeVar("T")
 
 #: Lighting-transfer blur as a fraction of the outer-eye-corner distance.
 LIGHTING_SIGMA_FRACTION = 0.2
@@ -70,23 +77,41 @@ def _triangles(points: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return delaunay(points, (-1, -1, w + 1, h + 1))
 
 
-def _crop_scaled(
-    image: np.ndarray, landmarks: np.ndarray, margin: float, scale: float
-) -> tuple[detail.Scaled, np.ndarray, np.ndarray]:
-    """The face's neighbourhood of ``image`` at full resolution and resized by
-    ``scale`` (≤ 1): ``(crop, small (h, w, 3) uint8, landmarks (N, 3) in the small
-    crop's pixel frame)``."""
-    x0, y0, x1, y1 = masks.face_region(landmarks, image.shape, margin)
-    # A copy, never a view: the crop may be kept (the source memo) after ``image``.
-    full = np.array(image[y0:y1, x0:x1], order="C")
+def _crop_points(landmarks: np.ndarray, box: tuple[int, int, int, int], scale: float
+                 ) -> np.ndarray:
+    """``landmarks`` (N, 3) in the pixel frame of the crop ``box`` of an image
+    resized by ``scale`` (≤ 1), as :func:`_crop_scaled` gives them."""
+    x0, y0, x1, y1 = box
     pts = landmarks.astype(np.float64).copy()
     pts[:, 0] -= x0
     pts[:, 1] -= y0
-    crop = detail.Scaled(full, _scaled_size(full, scale))
+    if scale >= 1.0:
+        return pts
+    w, h = x1 - x0, y1 - y0
+    sw, sh = _scaled_size((h, w), scale)
+    return _to_working(pts, (sw / w, sh / h))
+
+
+def _source_box(image_shape: tuple[int, ...], landmarks: np.ndarray) -> tuple[int, int, int, int]:
+    """The source face's neighbourhood that :func:`_source_crop` reads."""
+    return masks.face_region(landmarks, image_shape, 2 * masks.feather_px(landmarks))
+
+
+def _crop_scaled(
+    image: np.ndarray, landmarks: np.ndarray, box: tuple[int, int, int, int], scale: float
+) -> tuple[detail.Scaled, np.ndarray, np.ndarray]:
+    """The ``box`` of ``image`` at full resolution and resized by ``scale`` (≤ 1):
+    ``(crop, small (h, w, 3) uint8, landmarks (N, 3) in the small crop's pixel
+    frame)``."""
+    x0, y0, x1, y1 = box
+    # A copy, never a view: the crop may be kept (the source memo) after ``image``.
+    full = np.array(image[y0:y1, x0:x1], order="C")
+    crop = detail.Scaled(full, _scaled_size(full.shape, scale))
+    pts = _crop_points(landmarks, box, scale)
     if scale >= 1.0:
         return crop, full, pts
     small = cv2.resize(full, crop.small, interpolation=cv2.INTER_AREA)
-    return crop, np.ascontiguousarray(small), _to_working(pts, crop)
+    return crop, np.ascontiguousarray(small), pts
 
 
 def _without_highlights(crop: detail.Scaled, small: np.ndarray, landmarks: np.ndarray
@@ -113,16 +138,18 @@ def _source_crop(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: 
                  ) -> tuple[detail.Scaled, np.ndarray, np.ndarray]:
     """The source face's neighbourhood as :func:`_crop_scaled` gives it, with its
     highlights taken out when the layer is ``relit``."""
-    crop, small, local = _crop_scaled(image, landmarks, 2 * masks.feather_px(landmarks), scale)
+    crop, small, local = _crop_scaled(image, landmarks, _source_box(image.shape, landmarks),
+                                      scale)
     if relit:
         crop, small = _without_highlights(crop, small, local)
     return crop, small, local
 
 
-def _to_working(points: np.ndarray, crop: detail.Scaled) -> np.ndarray:
-    """Points (N, 3) in ``crop``'s full pixel frame → its working frame (pixel
-    centres aligned: x ↔ (x + 0.5)·s − 0.5; depth scaled by the mean ratio)."""
-    sx, sy = crop.ratio
+def _to_working(points: np.ndarray, ratio: tuple[float, float]) -> np.ndarray:
+    """Points (N, 3) in a crop's full pixel frame → its working frame, ``ratio`` =
+    (x, y) working pixels per full pixel (pixel centres aligned: x ↔ (x + 0.5)·s −
+    0.5; depth scaled by the mean ratio)."""
+    sx, sy = ratio
     out = points.astype(np.float64).copy()
     out[:, 0] = (out[:, 0] + 0.5) * sx - 0.5
     out[:, 1] = (out[:, 1] + 0.5) * sy - 0.5
@@ -130,9 +157,9 @@ def _to_working(points: np.ndarray, crop: detail.Scaled) -> np.ndarray:
     return out
 
 
-def _scaled_size(image: np.ndarray, scale: float) -> tuple[int, int]:
-    """The working (w, h) of ``image`` at ``scale``."""
-    h, w = image.shape[:2]
+def _scaled_size(shape: tuple[int, ...], scale: float) -> tuple[int, int]:
+    """The working (w, h) of an image of ``shape`` (h, w, ...) at ``scale``."""
+    h, w = shape[:2]
     if scale >= 1.0:
         return w, h
     return max(1, round(w * scale)), max(1, round(h * scale))
@@ -166,6 +193,89 @@ def _vertex_field(values: np.ndarray, points: np.ndarray, size: tuple[int, int],
     field[den < 1e-3] = 1.0
     out: np.ndarray = cv2.resize(field, (w, h), interpolation=cv2.INTER_LINEAR)
     return out
+
+
+#: Threads for the renders' source sides (see :class:`ClassicSwapper`).
+SIDE_THREADS = 2
+
+
+class _Inline(Executor):
+    """An executor that runs each call at once, in the caller's thread."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # handed to result(), as a pool would
+            done.set_exception(e)
+        return done
+
+
+def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
+               scale: float = 1.0) -> np.ndarray:
+    """The face's occluders (see :func:`facefuse.fusion.regions.face_occluders`),
+    glasses and facial hair as the options ask."""
+    return regions.face_occluders(image, landmarks, scale=scale, glasses=options.glasses,
+                                  facial_hair=options.facial_hair)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The source's side of a render, all in its working crop's frame: ``crop`` its
+    full-resolution neighbourhood; ``image`` (h, w, 3) uint8 the working copy;
+    ``landmarks`` (N, 3); ``occluders`` (h, w) float32 or None; ``outline`` (h, w)
+    the face outline mask."""
+
+    crop: detail.Scaled
+    image: np.ndarray
+    landmarks: np.ndarray
+    occluders: np.ndarray | None
+    outline: np.ndarray
+
+
+def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, options: FuseOptions,
+                 prep: SourceEntry) -> _Source:
+    """What the render needs of the source alone (memoised in ``prep``), at ``scale``."""
+    relit = options.relight and options.texture_weight > 0.0
+    crop, small, local = prep.get("crop", lambda: _source_crop(image, landmarks, scale, relit))
+    occluders = None
+    if options.reject_source_occluders and options.texture_weight > 0.0:
+        occluders = prep.get(
+            ("occluders", options.glasses, options.facial_hair), lambda: _occluders(
+                small, local, options,
+                scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(local))))
+    outline = prep.get("outline", lambda: occ.outline_mask(local, small.shape))
+    return _Source(crop, small, local, occluders, outline)
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """The fused mesh over the target's working image: its ``triangles`` (T, 3), the
+    symmetric fill's plan (or None), the remap ``maps`` of the target's, the
+    source's and (with a fill) the mirrored points and fill weights, and ``valid``
+    (h, w) bool inside the mesh."""
+
+    triangles: np.ndarray
+    fill: sym.FillPlan | None
+    maps: list[tuple[np.ndarray, np.ndarray]]
+    valid: np.ndarray
+
+
+def _geometry(src_lm: np.ndarray, tgt_lm: np.ndarray, dst: np.ndarray, shape: tuple[int, ...],
+              options: FuseOptions) -> _Geometry:
+    """The mesh geometry of a render over a target working image of ``shape``: the
+    source's, the target's and the fused landmarks (N, 3) in their working frames."""
+    h, w = shape[:2]
+    mesh_dst = dst[:MESH_POINTS, :2]
+    tris = _triangles(mesh_dst, (w, h))
+    fill = (sym.plan_fill(src_lm, dst, tris)
+            if options.symmetric_fill and options.texture_weight > 0 else None)
+    fill = fill if fill is not None and fill.needed else None
+    point_sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
+    if fill is not None:
+        point_sets += [fill.mirrored_points, fill.weight_points()]
+    maps, valid = piecewise_affine_maps(point_sets, mesh_dst, tris, (0, 0, w, h))
+    return _Geometry(tris, fill, maps, valid)
 
 
 @dataclass
@@ -202,15 +312,34 @@ class ClassicSwapper:
     ``pixels``: where the remaps and the lighting transfer run (default OpenCV).
     ``cache_sources``: keep the source-side work per source image
     (:mod:`facefuse.fusion.source_prep`; a clip's frames share it).
+    ``side_threads``: threads that run renders' source sides beside their target
+    sides (0: in the calling thread). The two halves are independent, and much of
+    each is NumPy/OpenCV work that releases the GIL: an idle second core halves
+    the time they take; on a busy host it costs nothing but a hand-off.
     """
 
     name = "classic"
 
     def __init__(self, work_eye_px: float = WORK_EYE_PX,
-                 pixels: PixelBackend | None = None, *, cache_sources: bool = True) -> None:
+                 pixels: PixelBackend | None = None, *, cache_sources: bool = True,
+                 side_threads: int = SIDE_THREADS) -> None:
         self.work_eye_px = work_eye_px
         self.pixels: PixelBackend = pixels or OpenCVPixels()
         self.sources = SourceCache() if cache_sources else None
+        self.side_threads = side_threads
+        self._pool: tuple[int, Executor] | None = None
+        self._pool_lock = threading.Lock()
+
+    @property
+    def _side_pool(self) -> Executor:
+        """The executor of the source sides: made on first use in each process (a
+        pool's threads do not survive a fork)."""
+        with self._pool_lock:
+            if self._pool is None or self._pool[0] != os.getpid():
+                pool: Executor = (ThreadPoolExecutor(self.side_threads, "facefuse-source")
+                                  if self.side_threads > 0 else _Inline())
+                self._pool = (os.getpid(), pool)
+            return self._pool[1]
 
     def render(
         self,
@@ -234,13 +363,13 @@ class ClassicSwapper:
         scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(tgt_lm)))
         # Everything in _layer runs in the region's frame at the working scale.
         region_rgb = np.ascontiguousarray(target_rgb[y0:y1, x0:x1])
-        frame = detail.Scaled(region_rgb, _scaled_size(region_rgb, scale))
+        frame = detail.Scaled(region_rgb, _scaled_size(region_rgb.shape, scale))
         tgt_img = frame.full
         if scale < 1.0:
             tgt_img = cv2.resize(frame.full, frame.small, interpolation=cv2.INTER_AREA)
         origin = np.array([x0, y0, 0.0])
-        tgt_local = _to_working(tgt_lm - origin, frame)
-        dst_local = _to_working(dst - origin, frame)
+        tgt_local = _to_working(tgt_lm - origin, frame.ratio)
+        dst_local = _to_working(dst - origin, frame.ratio)
         # The source is read at about the target face's working resolution (a
         # little finer, for the parts a turned target stretches): a much finer source
         # squeezed by the warp would alias into a texture sharper than the photo's.
@@ -250,10 +379,20 @@ class ClassicSwapper:
         relit = options.relight and options.texture_weight > 0.0
         prep = (UNCACHED if self.sources is None
                 else self.sources.entry(source_rgb, src_lm, src_scale, relit))
-        src_crop, src_img, src_local = prep.get(
-            "crop", lambda: _source_crop(source_rgb, src_lm, src_scale, relit))
-        work = self._layer(src_img, src_local, np.ascontiguousarray(tgt_img), tgt_local,
-                           dst_local, feather * frame.ratio[0], options, prep)
+        # The source's side (its crop, highlights, occluders, outline) needs only the
+        # source: it runs beside the target's side (occluders, triangles, maps).
+        side = self._side_pool.submit(_source_side, source_rgb, src_lm, src_scale, options, prep)
+        try:
+            src_local = _crop_points(src_lm, _source_box(source_rgb.shape, src_lm), src_scale)
+            tgt_img = np.ascontiguousarray(tgt_img)
+            tgt_occ = (_occluders(tgt_img, tgt_local, options)
+                       if options.keep_target_occluders else None)
+            geometry = _geometry(src_local, tgt_local, dst_local, tgt_img.shape, options)
+        finally:
+            source = side.result()
+        src_crop = source.crop
+        work = self._layer(source, tgt_img, tgt_local, dst_local, feather * frame.ratio[0],
+                           options, prep, tgt_occ, geometry)
         # Large faces: the target's pixels warped at full resolution, the render's
         # change and the detail band matched to the photo's.
         face, mask, keep = work.face, work.mask, work.keep
@@ -278,41 +417,28 @@ class ClassicSwapper:
 
     def _layer(
         self,
-        src_img: np.ndarray,
-        src_lm: np.ndarray,
+        source: _Source,
         tgt_img: np.ndarray,
         tgt_lm: np.ndarray,
         dst: np.ndarray,
         feather: float,
         options: FuseOptions,
-        prep: SourceEntry = UNCACHED,
+        prep: SourceEntry,
+        tgt_occ: np.ndarray | None,
+        geometry: _Geometry,
     ) -> _Work:
         """The working-scale render over the whole of ``tgt_img`` (see :class:`_Work`);
         all coordinates in the frames of the given images. ``prep``: the memo of this
-        source's work (what depends on the source alone is kept there)."""
+        source's work (what depends on the source alone is kept there); ``tgt_occ``
+        the target's occluders (or None) and ``geometry`` the mesh's maps."""
+        src_img, src_lm, src_occ, outline = source.image, source.landmarks, source.occluders, \
+            source.outline
         h, w = tgt_img.shape[:2]
         frame = (0, 0, w, h)
         mesh_dst = dst[:MESH_POINTS, :2]
-        tris = _triangles(mesh_dst, (w, h))
+        tris, fill, maps, valid = geometry.triangles, geometry.fill, geometry.maps, geometry.valid
         w_tex = options.texture_weight
         relight = options.relight and w_tex > 0.0
-        src_occ = tgt_occ = None
-        # Glasses (and facial hair, when asked) as regions too (see FuseOptions).
-        def find_occluders(image: np.ndarray, lm: np.ndarray, scale: float = 1.0) -> np.ndarray:
-            return regions.face_occluders(image, lm, scale=scale, glasses=options.glasses,
-                                          facial_hair=options.facial_hair)
-        if options.reject_source_occluders and w_tex > 0.0:
-            src_occ = prep.get(
-                ("occluders", options.glasses, options.facial_hair), lambda: find_occluders(
-                    src_img, src_lm, scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(src_lm))))
-        if options.keep_target_occluders:
-            tgt_occ = find_occluders(tgt_img, tgt_lm)
-        fill = sym.plan_fill(src_lm, dst, tris) if options.symmetric_fill and w_tex > 0 else None
-        fill = fill if fill is not None and fill.needed else None
-        point_sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
-        if fill is not None:
-            point_sets += [fill.mirrored_points, fill.weight_points()]
-        maps, valid = piecewise_affine_maps(point_sets, mesh_dst, tris, frame)
         (mx_t, my_t), (mx_s, my_s) = maps[:2]
         outside = ~valid[..., None]
         # Outside the mesh the maps are undefined: use the target's own pixels there,
@@ -334,7 +460,6 @@ class ClassicSwapper:
             gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
                                       src_occ, tgt_occ)
             source_layer *= self._gain_field(gains, mesh_dst, dst, (w, h))
-        outline = prep.get("outline", lambda: occ.outline_mask(src_lm, src_img.shape))
         samples = [(mx_s, my_s)]
         reject = None
         if src_occ is not None or fill is not None:
