@@ -290,7 +290,9 @@ class _Work:
     source's working images; ``valid`` (h, w) bool inside the mesh; ``direct``
     (h, w) the layer's share of the direct source sample; ``skin`` (h, w) where
     the skin's tone and detail are measured; ``iris_gains`` the source's iris colour
-    over the target's, per eye (see :func:`facefuse.fusion.eyes.iris_gains`).
+    over the target's, per eye (see :func:`facefuse.fusion.eyes.iris_gains`);
+    ``features`` (h, w) the fused mesh's eyes, brows and lips
+    (:func:`facefuse.fusion.mask.features_mask`), when the render drew them.
     """
 
     face: np.ndarray
@@ -304,6 +306,7 @@ class _Work:
     direct: np.ndarray
     skin: np.ndarray
     iris_gains: list[np.ndarray | None]
+    features: np.ndarray | None = None
 
 
 class ClassicSwapper:
@@ -399,8 +402,9 @@ class ClassicSwapper:
         if scale < 1.0:
             # The detail's energy is the skin's: the features' own edges are left out.
             h, w = tgt_img.shape[:2]
-            skin = work.skin * (1.0 - masks.features_mask(dst_local, (0, 0, w, h),
-                                                          feather * frame.ratio[0]))
+            features = (work.features if work.features is not None else
+                        masks.features_mask(dst_local, (0, 0, w, h)))
+            skin = work.skin * (1.0 - features)
             face = detail.full_resolution_layer(
                 frame, work.target_maps, src_crop, work.source_maps, work.valid, work.face,
                 work.target_layer, work.direct, skin)
@@ -511,9 +515,13 @@ class ClassicSwapper:
         aperture = masks.eyes_mask(dst, frame, feather)
         alpha *= 1.0 - EYE_KEEP * aperture
         iris_gains = eyes.iris_gains(source_layer, target_layer, src_lm, dst, aperture)
+        features = None
         if relight:
             # The target's own highlights are the scene's light on its face: kept.
-            alpha *= 1.0 - specular.highlights(target_layer, dst)
+            # They are looked for on its skin: the outline without the features.
+            features = masks.features_mask(dst, frame)
+            face_skin = occ.outline_mask(dst, target_layer.shape) * (1.0 - features)
+            alpha *= 1.0 - specular.highlights(target_layer, dst, face_skin)
         # target + alpha * (source - target), in place.
         source_layer -= target_layer
         source_layer *= alpha[..., None]
@@ -527,7 +535,7 @@ class ClassicSwapper:
         direct = alpha if fill is None else alpha * np.where(keep > 0, d / np.maximum(keep, 1e-6),
                                                                0.0).astype(np.float32)
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
-                     (mx_s, my_s), valid, direct, skin, iris_gains)
+                     (mx_s, my_s), valid, direct, skin, iris_gains, features)
 
     @staticmethod
     def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,
