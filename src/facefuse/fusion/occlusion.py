@@ -36,7 +36,8 @@ How a face's occluders are found (all from the mesh and the pixels, no model):
    background (a flag, a wall) lies inside it: too thin for the opening and
    the island rule, but what a loose outline pulls in. Non-skin pixels within
    :data:`RIM_WIDTH` eye distances of the outline, connected to it, are
-   occluders whatever their size.
+   occluders whatever their size; on a source, grown inward by
+   :data:`SOURCE_RIM_GROW` (the blurred silhouette beside it).
 
 A dense dark beard is caught by this rule, but stubble, a thin moustache and
 thin glasses frames are not (they differ little from skin pixel by pixel, or
@@ -62,6 +63,11 @@ from facefuse.fusion.geometry import eye_distance, nearest_distance
 #: Width of the band inside the outline, in eye distances, where non-skin pixels
 #: that reach the outline are background taken in by a loose mesh.
 RIM_WIDTH = 0.08
+#: Growth inward of that background on a source, in eye distances: the pixels
+#: beside it are the silhouette's blurred edge, part background, and carried onto
+#: a target's temple or cheek (where a turned source's silhouette lands) they
+#: show as a grey-blue smudge.
+SOURCE_RIM_GROW = 0.05
 #: Skin sample vertices keep at least this many eye distances from every feature point.
 FEATURE_CLEARANCE = 0.12
 #: Share of the sample vertices (nearest the median) that the skin Gaussian is fitted on.
@@ -331,8 +337,11 @@ def on_box(image: np.ndarray, landmarks: np.ndarray, box: tuple[int, int, int, i
     return out
 
 
-def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
-    """:func:`occluder_mask` on an image cropped to the face."""
+def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray,
+                      rim_grow: float = 0.0) -> np.ndarray:
+    """:func:`occluder_mask` on an image cropped to the face; the background taken
+    in by the outline grown inward by ``rim_grow`` eye distances (see
+    :data:`SOURCE_RIM_GROW`)."""
     h, w = image.shape[:2]
     face = np.zeros((h, w), np.uint8)
     _poly(face, landmarks[list(topo.FACE_OVAL), :2].astype(np.float64))
@@ -346,6 +355,8 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     feat = any_feat > 127
     occ[feat] = 0.0
     rim = _rim_background(occ > 0.5, face > 127, RIM_WIDTH * d)
+    if rim.any() and rim_grow > 0.0:
+        rim = grow(rim, rim_grow * d) & (face > 127)
     binary: np.ndarray = cv2.morphologyEx((occ > 0.5).astype(np.uint8), cv2.MORPH_OPEN,
                                           disc(0.03 * d))
     area = max(1, int(face.sum() // 255))

@@ -33,6 +33,7 @@ frame; masks (H, W) float32 in {0, 1}.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import cv2
@@ -422,15 +423,18 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1.0,
-                   glasses: bool = False, facial_hair: bool = False) -> np.ndarray:
+                   glasses: bool = False, facial_hair: bool = False,
+                   rim_grow: float = 0.0) -> np.ndarray:
     """(H, W) float32: :func:`facefuse.fusion.occlusion.occluder_mask` together
     with the face's glasses and/or facial hair regions, on the same crop and scale
     — except the glasses, always looked for at the image's own resolution (a
     frame is a line a pixel or two wide there; shrunk further it breaks up, and
     whether it is found would hang on a few percent of scale): what of the face is
-    not its skin, to be kept on a target and rejected from a source."""
+    not its skin, to be kept on a target and rejected from a source. ``rim_grow``:
+    see :func:`facefuse.fusion.occlusion.occluders_on_crop`."""
     lm = np.asarray(landmarks, np.float64)
-    finders: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = [occ.occluders_on_crop]
+    finders: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = [
+        functools.partial(occ.occluders_on_crop, rim_grow=rim_grow)]
     if facial_hair:
         finders.append(facial_hair_mask)
     if glasses and scale >= 1.0:

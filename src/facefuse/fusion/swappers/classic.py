@@ -212,11 +212,11 @@ class _Inline(Executor):
 
 
 def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
-               scale: float = 1.0) -> np.ndarray:
+               scale: float = 1.0, rim_grow: float = 0.0) -> np.ndarray:
     """The face's occluders (see :func:`facefuse.fusion.regions.face_occluders`),
     glasses and facial hair as the options ask."""
     return regions.face_occluders(image, landmarks, scale=scale, glasses=options.glasses,
-                                  facial_hair=options.facial_hair)
+                                  facial_hair=options.facial_hair, rim_grow=rim_grow)
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,8 @@ def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, options
         occluders = prep.get(
             ("occluders", options.glasses, options.facial_hair), lambda: _occluders(
                 small, local, options,
-                scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(local))))
+                scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(local)),
+                rim_grow=occ.SOURCE_RIM_GROW))
     outline = prep.get("outline", lambda: occ.outline_mask(local, small.shape))
     return _Source(crop, small, local, occluders, outline)
 
