@@ -132,6 +132,35 @@ def test_a_textured_target_keeps_its_texture(
     assert _band_energy(out, skin) > 1.5 * _band_energy(plain, skin)
 
 
+def test_a_targets_coloured_mark_leaves_no_tinted_ghost(
+        fuser: FaceFuser, pair: tuple[np.ndarray, Face, np.ndarray, list[Face]]) -> None:
+    """A small dark, cool mark on the target's cheek (a mole, a nostril seen from
+    below) that the source does not have: at degree 100 its colour does not stay
+    behind the source's skin as a tinted ghost (the luma detail bands alone once
+    left the target's colour above the split there)."""
+    from facefuse.fusion.geometry import eye_distance
+
+    src, sf, tgt, tf = pair
+    assert tf[0].landmarks is not None
+    cx, cy = tf[0].landmarks[50, :2]
+    r = 0.035 * eye_distance(tf[0].landmarks)
+    yy, xx = np.mgrid[0:tgt.shape[0], 0:tgt.shape[1]]
+    spot = np.hypot(xx - cx, yy - cy) <= r
+    marked = tgt.copy()
+    marked[spot] = (marked[spot].astype(np.float32) * (0.45, 0.6, 0.9)).astype(np.uint8)
+    plain = fuser.fuse_faces(src, sf, tgt, tf, [0], FuseOptions(degree=100)).image
+    out = fuser.fuse_faces(src, sf, marked, tf, [0], FuseOptions(degree=100)).image
+
+    def lab(rgb: np.ndarray) -> np.ndarray:
+        return cv2.cvtColor(rgb, cv2.COLOR_RGB2LAB)[spot].astype(np.float64)
+
+    mark = np.abs(lab(marked) - lab(tgt)).mean(0)
+    ghost = np.abs(lab(out) - lab(plain)).mean(0)
+    assert mark[0] > 30.0 and mark[1:].sum() > 8.0  # the mark is plainly dark and coloured
+    assert ghost[1:].sum() < 0.15 * mark[1:].sum(), (ghost, mark)
+    assert ghost[0] < 0.1 * mark[0], (ghost, mark)
+
+
 def _with_highlight(image: np.ndarray, face: Face, point: int) -> tuple[np.ndarray, np.ndarray]:
     """``image`` with a specular highlight (a white Gaussian spot, σ 0.05 eye distances)
     on mesh point ``point``, and the spot's weight (H, W)."""

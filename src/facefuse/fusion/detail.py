@@ -52,6 +52,10 @@ FINE_SIGMA = 1.0
 #: recogniser's similarity of the output to the target by up to 0.04 on the
 #: samples), the finest one only grain and pores.
 MID_TOP_UP = 0.0
+#: The target's grain topped up into the finest band is clipped to this many of its
+#: skin's robust standard deviations: pores and grain lie within, a feature's
+#: edge (a nostril's rim, a wrinkle's crease) far beyond.
+GRAIN_CLIP = 2.5
 #: Interpolation of the full-resolution warps: bicubic keeps more of the finest
 #: band than bilinear.
 INTERPOLATION = cv2.INTER_LINEAR
@@ -233,12 +237,20 @@ def full_resolution_layer(
     where = upsample(np.asarray(skin_small, np.float32) * inner, size) > 0.5
     if int(where.sum()) < MIN_SKIN_PIXELS:
         return layer
-    detail = _matched_detail(src_y, luma(warped), luma(target.full), where,
-                             SPLIT_SIGMA / min(target.ratio))
+    split = SPLIT_SIGMA / min(target.ratio)
+    tgt_y = luma(warped)
+    detail = _matched_detail(src_y, tgt_y, luma(target.full), where, split)
     # Smoothstep on the share: the feathered edges of what is kept from the target
     # (its lips, its eyes) take no source detail (teeth, lashes) half-way in.
-    detail *= a * a * (3.0 - 2.0 * a)
+    share = a * a * (3.0 - 2.0 * a)
+    detail *= share
     layer += detail[..., None]
+    # The detail bands are luma: the target's colour above the split (a nostril's,
+    # a mole's) would stay as a tinted ghost of it. Where the source is shown it goes.
+    colour = np.asarray(warped, np.float32) - tgt_y[..., None]
+    colour -= low_pass(low_pass(colour, FINE_SIGMA), split)
+    colour *= share[..., None]
+    layer -= colour
     return layer
 
 
@@ -256,7 +268,19 @@ def _matched_detail(src_y: np.ndarray, tgt_y: np.ndarray, ref_y: np.ndarray,
         g, c = detail_gains(_energy(d_src, where), _energy(d_tgt, where), _energy(d_ref, where))
         c *= top_up
         d_src *= np.float32(g)
-        d_src += np.float32(c - 1.0) * d_tgt
+        d_src -= d_tgt
+        if c > 0.0:
+            # The top-up is the target's grain, not its features' edges (a nostril's
+            # rim would come back as a ghost outline): clipped to its skin's spread.
+            spread = GRAIN_CLIP * _spread(d_tgt, where)
+            d_src += np.float32(c) * np.clip(d_tgt, -spread, spread)
         out += d_src
         lo = blur
     return out
+
+
+def _spread(band: np.ndarray, where: np.ndarray) -> float:
+    """Robust standard deviation (1.4826 × the median absolute value) of a
+    zero-mean band on ``where``, read on every other row and column."""
+    sample = np.abs(band[::2, ::2][where[::2, ::2]])
+    return 1.4826 * float(np.median(sample)) if sample.size else 0.0
