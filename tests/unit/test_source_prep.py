@@ -151,7 +151,8 @@ def test_the_source_side_on_its_own_thread_renders_what_one_thread_does(
         sample_images: dict[str, np.ndarray], faces: dict[str, Any]) -> None:
     """The source's half of a render on the side pool, the target's in the caller:
     the same layer, to the bit, as both in one thread; and four renders at once on
-    one swapper (its pool shared) each give their own pair's layer."""
+    one swapper with two side threads (the others run their source side inline)
+    each give their own pair's layer."""
     pairs = [("biden", "obama"), ("obama", "astronaut"), ("astronaut", "obama2"),
              ("obama2", "biden")]
     inline = ClassicSwapper(cache_sources=False, side_threads=0)
@@ -173,6 +174,9 @@ def test_the_source_side_on_its_own_thread_renders_what_one_thread_does(
     for i, want in enumerate(expected):
         assert np.array_equal(got[i].face, want.face)
         assert np.array_equal(got[i].mask, want.mask)
+    # Renders beyond the free side threads ran their source side inline; every
+    # side thread is free again.
+    assert shared._side_busy == 0
 
 
 def test_a_failing_source_side_fails_the_render(

@@ -319,7 +319,8 @@ class ClassicSwapper:
     ``side_threads``: threads that run renders' source sides beside their target
     sides (0: in the calling thread). The two halves are independent, and much of
     each is NumPy/OpenCV work that releases the GIL: an idle second core halves
-    the time they take; on a busy host it costs nothing but a hand-off.
+    the time they take. When every side thread is busy (many renders at once) the
+    source side runs in the caller, so no render waits in a queue behind others.
     """
 
     name = "classic"
@@ -331,19 +332,37 @@ class ClassicSwapper:
         self.pixels: PixelBackend = pixels or OpenCVPixels()
         self.sources = SourceCache() if cache_sources else None
         self.side_threads = side_threads
-        self._pool: tuple[int, Executor] | None = None
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self._pool_lock = threading.Lock()
+        self._side_busy = 0
 
-    @property
-    def _side_pool(self) -> Executor:
-        """The executor of the source sides: made on first use in each process (a
-        pool's threads do not survive a fork)."""
+    def _submit_side(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """``fn(*args)`` on a free side thread, or at once in the caller when none is
+        free. The pool is made on first use in each process (its threads do not
+        survive a fork)."""
         with self._pool_lock:
-            if self._pool is None or self._pool[0] != os.getpid():
-                pool: Executor = (ThreadPoolExecutor(self.side_threads, "facefuse-source")
-                                  if self.side_threads > 0 else _Inline())
-                self._pool = (os.getpid(), pool)
-            return self._pool[1]
+            if self._pool is not None and self._pool[0] != os.getpid():
+                self._pool, self._side_busy = None, 0  # a forked child: start afresh
+            free = self._side_busy < self.side_threads
+            if free:
+                self._side_busy += 1
+                if self._pool is None:
+                    self._pool = (os.getpid(),
+                                  ThreadPoolExecutor(self.side_threads, "facefuse-source"))
+                pool = self._pool[1]
+        if not free:
+            return _Inline().submit(fn, *args)
+        try:
+            done = pool.submit(fn, *args)
+        except BaseException:
+            self._side_done()
+            raise
+        done.add_done_callback(lambda _: self._side_done())
+        return done
+
+    def _side_done(self) -> None:
+        with self._pool_lock:
+            self._side_busy -= 1
 
     def render(
         self,
@@ -385,7 +404,7 @@ class ClassicSwapper:
                 else self.sources.entry(source_rgb, src_lm, src_scale, relit))
         # The source's side (its crop, highlights, occluders, outline) needs only the
         # source: it runs beside the target's side (occluders, triangles, maps).
-        side = self._side_pool.submit(_source_side, source_rgb, src_lm, src_scale, options, prep)
+        side = self._submit_side(_source_side, source_rgb, src_lm, src_scale, options, prep)
         try:
             src_local = _crop_points(src_lm, _source_box(source_rgb.shape, src_lm), src_scale)
             tgt_img = np.ascontiguousarray(tgt_img)
