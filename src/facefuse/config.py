@@ -133,6 +133,9 @@ class Settings:
     #: Threads that run model batches, and threads for decode/warp/blend/encode.
     inference_workers: int = 2
     cpu_workers: int = 2
+    #: Threads per process that run a render's source side beside its target side
+    #: (0: each render in one thread).
+    render_side_threads: int = 2
     #: Request body limit, bytes (checked before reading it all).
     max_body_bytes: int = 10 * 1024 * 1024
     #: Slow clients: the request line and headers must arrive within this many seconds
@@ -312,6 +315,7 @@ class Settings:
             (s.request_timeout_s > 0, "request_timeout_s must be > 0"),
             (s.inference_workers >= 1 and s.cpu_workers >= 1,
              "inference_workers and cpu_workers must be >= 1"),
+            (s.render_side_threads >= 0, "render_side_threads must be >= 0"),
             (s.max_body_bytes > 0, "max_body_bytes must be > 0"),
             (s.header_timeout_s > 0 and s.body_timeout_s > 0,
              "header_timeout_s and body_timeout_s must be > 0"),

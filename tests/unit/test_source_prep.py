@@ -13,6 +13,7 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import source_prep
 from facefuse.fusion import symmetry as sym
 from facefuse.fusion.source_prep import SourceCache, quantised_scale
+from facefuse.fusion.swappers import classic
 from facefuse.fusion.swappers.classic import ClassicSwapper
 from facefuse.fusion.types import FuseOptions
 
@@ -148,7 +149,8 @@ def test_a_rendered_sources_entry_dies_with_the_source_image(
 
 
 def test_the_source_side_on_its_own_thread_renders_what_one_thread_does(
-        sample_images: dict[str, np.ndarray], faces: dict[str, Any]) -> None:
+        sample_images: dict[str, np.ndarray], faces: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The source's half of a render on the side pool, the target's in the caller:
     the same layer, to the bit, as both in one thread; and four renders at once on
     one swapper with two side threads (the others run their source side inline)
@@ -160,6 +162,14 @@ def test_the_source_side_on_its_own_thread_renders_what_one_thread_does(
                               FuseOptions()) for s, t in pairs]
     shared = ClassicSwapper(cache_sources=False, side_threads=2)
     got: dict[int, Any] = {}
+    ran_on: list[str] = []
+    real = classic._source_side
+
+    def recorded(*a: Any) -> Any:
+        ran_on.append(threading.current_thread().name)
+        return real(*a)
+
+    monkeypatch.setattr(classic, "_source_side", recorded)
 
     def render(i: int) -> None:
         s, t = pairs[i]
@@ -174,8 +184,11 @@ def test_the_source_side_on_its_own_thread_renders_what_one_thread_does(
     for i, want in enumerate(expected):
         assert np.array_equal(got[i].face, want.face)
         assert np.array_equal(got[i].mask, want.mask)
-    # Renders beyond the free side threads ran their source side inline; every
-    # side thread is free again.
+    # Some source sides ran on the side threads (the others inline), and every side
+    # thread is free again once the pool has let its threads go.
+    assert len(ran_on) == len(pairs)
+    assert any(name.startswith("facefuse-source") for name in ran_on)
+    shared.close()
     assert shared._side_busy == 0
 
 
@@ -183,8 +196,6 @@ def test_a_failing_source_side_fails_the_render(
         sample_images: dict[str, np.ndarray], faces: dict[str, Any],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """An error on the side thread reaches the caller (not a hang, not a half layer)."""
-    from facefuse.fusion.swappers import classic
-
     def broken(*_: Any) -> Any:
         raise RuntimeError("source side failed")
 

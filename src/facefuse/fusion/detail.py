@@ -7,7 +7,7 @@ size. Upsampling that render alone would blur the face: pores, grain and
 stubble live above the working scale's Nyquist frequency. Here the layer is put
 back together at full resolution (region pixels, (h, w)):
 
-``layer = T + up(G(F_s − T_s)) + a · (g · D_src + (c − 1) · D_tgt)``
+``layer = T + up(G(F_s − T_s)) + a · (g · D_src − D_tgt + c · clip(D_tgt) − C_tgt)``
 
 - ``T``: the target's own pixels warped onto the fused mesh at full resolution
   (the working-scale maps' displacement upsampled), so a pixel the fusion does
@@ -24,7 +24,11 @@ back together at full resolution (region pixels, (h, w)):
   on the face's skin: the source's detail is scaled down where it is sharper
   (``g ≤ 1``), and topped up with the target's own (``c``) where it is softer
   (a smaller or blurrier source), so the face is as crisp as the photo around
-  it.
+  it; the top-up is the target's grain, its finest band clipped to
+  :data:`GRAIN_CLIP` robust standard deviations (not its features' edges);
+- ``C_tgt``: the target's colour detail above the split (RGB minus luma), which
+  the luma bands leave: a dark, cool nostril or mole would stay as a tinted
+  ghost under the source's skin.
 
 Where nothing of the source is shown (``a = 0`` and no change at the working
 scale) the layer is exactly ``T``; with an unmoved mesh, exactly the target.
@@ -256,24 +260,30 @@ def full_resolution_layer(
 
 def _matched_detail(src_y: np.ndarray, tgt_y: np.ndarray, ref_y: np.ndarray,
                     where: np.ndarray, sigma: float) -> np.ndarray:
-    """(H, W) float32: the change of the detail band, ``g·D_src + (c − 1)·D_tgt``,
-    matched band by band (above :data:`FINE_SIGMA` and from there to ``sigma``)
-    to the energy of the unwarped target ``ref_y`` on ``where``: the warps'
-    interpolation softens both warped images, the photo's own grain is the goal."""
+    """(H, W) float32: the change of the detail band, ``g·D_src − D_tgt +
+    c·clip(D_tgt)`` (the top-up only in the finest band), matched band by band
+    (above :data:`FINE_SIGMA` and from there to ``sigma``) to the energy of the
+    unwarped target ``ref_y`` on ``where``: the warps' interpolation softens both
+    warped images, the photo's own grain is the goal."""
     out = np.zeros(src_y.shape, np.float32)
     lo: tuple[np.ndarray, ...] = (src_y, tgt_y, ref_y)
     for s, top_up in ((FINE_SIGMA, 1.0), (sigma, MID_TOP_UP)):
         blur = tuple(low_pass(x, s) for x in lo)
         d_src, d_tgt, d_ref = (x - b for x, b in zip(lo, blur, strict=True))
-        g, c = detail_gains(_energy(d_src, where), _energy(d_tgt, where), _energy(d_ref, where))
-        c *= top_up
+        # The top-up is the target's grain, not its features' edges (a nostril's
+        # rim would come back as a ghost outline): clipped to its skin's spread,
+        # and its gain set on the clipped band's own energy.
+        grain = None
+        if top_up > 0.0:
+            spread = GRAIN_CLIP * _spread(d_tgt, where)
+            grain = np.clip(d_tgt, -spread, spread)
+        g, c = detail_gains(_energy(d_src, where),
+                            _energy(d_tgt if grain is None else grain, where),
+                            _energy(d_ref, where))
         d_src *= np.float32(g)
         d_src -= d_tgt
-        if c > 0.0:
-            # The top-up is the target's grain, not its features' edges (a nostril's
-            # rim would come back as a ghost outline): clipped to its skin's spread.
-            spread = GRAIN_CLIP * _spread(d_tgt, where)
-            d_src += np.float32(c) * np.clip(d_tgt, -spread, spread)
+        if grain is not None and c > 0.0:
+            d_src += np.float32(c * top_up) * grain
         out += d_src
         lo = blur
     return out

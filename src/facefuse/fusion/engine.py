@@ -66,7 +66,8 @@ class FaceFuser:
         self.analyser = analyser or FaceAnalyser(self.settings)
         #: Where the remap, lighting and multi-band blend run (``FACEFUSE_PIXEL_BACKEND``).
         self.pixels = pixel_backend(self.settings)
-        self.swappers: dict[str, Swapper] = {"classic": ClassicSwapper(pixels=self.pixels)}
+        self.swappers: dict[str, Swapper] = {"classic": ClassicSwapper(
+            pixels=self.pixels, side_threads=self.settings.render_side_threads)}
         # Every manifest "swap" entry, loaded on first use (see docs/swappers.md).
         registry = self.analyser.registry
         for spec in registry.manifest.for_task(SWAP_TASK):
@@ -74,6 +75,13 @@ class FaceFuser:
                 self.swappers.setdefault(spec.name, OnnxSwapper(registry, spec.name))
         if swappers:
             self.swappers.update(swappers)
+
+    def close(self) -> None:
+        """Let the swappers' own threads go (the fuser stays usable)."""
+        for swapper in self.swappers.values():
+            close = getattr(swapper, "close", None)
+            if close is not None:
+                close()
 
     # ---- the pipeline ---------------------------------------------------------------
 

@@ -36,8 +36,9 @@ How a face's occluders are found (all from the mesh and the pixels, no model):
    background (a flag, a wall) lies inside it: too thin for the opening and
    the island rule, but what a loose outline pulls in. Non-skin pixels within
    :data:`RIM_WIDTH` eye distances of the outline, connected to it, are
-   occluders whatever their size; on a source, grown inward by
-   :data:`SOURCE_RIM_GROW` (the blurred silhouette beside it).
+   occluders whatever their size, on a face where anything else was found; on a
+   source, grown inward by :data:`SOURCE_RIM_GROW` (the blurred silhouette
+   beside it).
 
 A dense dark beard is caught by this rule, but stubble, a thin moustache and
 thin glasses frames are not (they differ little from skin pixel by pixel, or
@@ -362,6 +363,9 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray,
     area = max(1, int(face.sum() // 255))
     drop_islands(binary, EARLY_ISLAND_AREA * area)
     if not binary.any():  # the common case: nothing covers the face
+        # (The rim rule is not applied to an otherwise clean face: there it made
+        # the output depend on the source's background, the very thing it keeps
+        # out, in 1.1% of the changed pixels of a biden -> obama2 fusion.)
         return np.zeros((h, w), np.float32)
     # An occluder crossing a feature (a bar over the lips) covers it where it
     # continues on both sides: close the mask, but only inside the features.

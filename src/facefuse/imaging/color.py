@@ -255,30 +255,37 @@ def _measure_mask(mask: npt.NDArray[Any], shape: tuple[int, ...]) -> npt.NDArray
 _IMMERKAER = np.array([[1, -2, 1], [-2, 4, -2], [1, -2, 1]], dtype=np.float32)
 
 
-def _sampled(values: npt.NDArray[Any], where: npt.NDArray[np.bool_]) -> npt.NDArray[Any]:
-    """``values`` on ``where``, read on every other row and column: the filter
-    responses are stationary over a face's skin, and a quarter of its pixels give
-    the same robust statistics (to well under 1% on the samples) at a quarter of
-    the cost of the median's partition. All of ``where`` when that quarter has
-    fewer than :data:`MIN_MASK_PIXELS` pixels."""
-    out: npt.NDArray[Any] = values[::2, ::2][where[::2, ::2]]
-    return out if out.size >= MIN_MASK_PIXELS else values[where]
+def _on(values: npt.NDArray[Any], where: npt.NDArray[np.bool_],
+        sampled: bool) -> npt.NDArray[Any]:
+    """``values`` on ``where``; ``sampled``: read on every other row and column only
+    (the filter responses are stationary over a face's skin, and a quarter of its
+    pixels give the same robust statistics, to well under 1% on the samples, at a
+    quarter of the cost of the median's partition), all of ``where`` when that
+    quarter has fewer than :data:`MIN_MASK_PIXELS` pixels."""
+    if sampled:
+        out: npt.NDArray[Any] = values[::2, ::2][where[::2, ::2]]
+        if out.size >= MIN_MASK_PIXELS:
+            return out
+    full: npt.NDArray[Any] = values[where]
+    return full
 
 
-def _noise_sigma_luma(luma: F32, where: npt.NDArray[np.bool_]) -> float:
+def _noise_sigma_luma(luma: F32, where: npt.NDArray[np.bool_], sampled: bool = False) -> float:
     r = cv2.filter2D(luma, cv2.CV_32F, _IMMERKAER, borderType=cv2.BORDER_REFLECT_101)
-    return float(np.median(np.abs(_sampled(r, where)))) / (0.6745 * 6.0)
+    return float(np.median(np.abs(_on(r, where, sampled)))) / (0.6745 * 6.0)
 
 
-def _laplacian_var(luma: F32, where: npt.NDArray[np.bool_]) -> float:
+def _laplacian_var(luma: F32, where: npt.NDArray[np.bool_], sampled: bool = False) -> float:
     lap = cv2.Laplacian(luma, cv2.CV_32F, ksize=1, borderType=cv2.BORDER_REFLECT_101)
-    return float(np.var(_sampled(lap, where).astype(np.float64)))
+    return float(np.var(_on(lap, where, sampled).astype(np.float64)))
 
 
-def _detail(luma: F32, where: npt.NDArray[np.bool_]) -> tuple[float, float]:
+def _detail(luma: F32, where: npt.NDArray[np.bool_], sampled: bool = False
+            ) -> tuple[float, float]:
     """(detail energy in grey-level² after removing noise, noise σ in grey levels)."""
-    sigma = _noise_sigma_luma(luma, where)
-    return max(0.0, _laplacian_var(luma, where) - _LAPLACIAN_NOISE_GAIN * sigma**2), sigma
+    sigma = _noise_sigma_luma(luma, where, sampled)
+    return (max(0.0, _laplacian_var(luma, where, sampled) - _LAPLACIAN_NOISE_GAIN * sigma**2),
+            sigma)
 
 
 def noise_sigma(rgb: npt.NDArray[Any], mask: npt.NDArray[Any]) -> float:
@@ -365,20 +372,21 @@ def match_sharpness(
     # filters, their neighbourhood: on that box alone the figures are the same.
     box = _reach_box(where, 4.0 * max_blur + 3.0)
     where = where[box]
-    target_detail, target_noise = _detail(_luma(ref[box]), where)
+    # Its many measures read a quarter of the skin (see _on).
+    target_detail, target_noise = _detail(_luma(ref[box]), where, True)
 
     out = src.astype(np.float32)
     luma = _luma(src[box])
-    detail, _ = _detail(luma, where)
+    detail, _ = _detail(luma, where, True)
     if detail > target_detail * 1.05 and max_blur > 0.0:
         lo, hi = 0.0, float(max_blur)
-        d_lo, d_hi = detail, _detail(_blur(luma, hi), where)[0]
+        d_lo, d_hi = detail, _detail(_blur(luma, hi), where, True)[0]
         if d_hi > target_detail:
             sigma = hi
         else:
             for _ in range(BLUR_SEARCH_STEPS):
                 mid = 0.5 * (lo + hi)
-                d_mid = _detail(_blur(luma, mid), where)[0]
+                d_mid = _detail(_blur(luma, mid), where, True)[0]
                 if d_mid > target_detail:
                     lo, d_lo = mid, d_mid
                 else:
@@ -388,7 +396,7 @@ def match_sharpness(
             sigma = lo + float(np.clip(t, 0.0, 1.0)) * (hi - lo)
         out = _blur(out, sigma)
 
-    current = _noise_sigma_luma(_luma(out[box]), where)
+    current = _noise_sigma_luma(_luma(out[box]), where, True)
     if target_noise > current:
         grain = min(_MAX_GRAIN, float(np.sqrt(target_noise**2 - current**2)))
         rng = np.random.default_rng(seed)

@@ -317,6 +317,7 @@ class Pipeline:
         """Shut the pools down (after :meth:`drain`)."""
         for pool in (self.cpu_pool, self.infer_pool):
             pool.shutdown(wait=False, cancel_futures=True)
+        self.fuser.close()
 
     # --- hot reload --------------------------------------------------------------------
 
@@ -335,7 +336,9 @@ class Pipeline:
     def _reload_blocking(self) -> list[str]:
         changed = self.registry.reload(self.model_names)
         if changed:
-            self.fuser = FaceFuser(self.settings, FaceAnalyser(self.settings, self.registry))
+            old, self.fuser = self.fuser, FaceFuser(self.settings,
+                                                    FaceAnalyser(self.settings, self.registry))
+            old.close()  # renders still on it finish (their source sides inline)
         self._versions = self._model_versions()
         return changed
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -122,9 +123,11 @@ def _without_highlights(crop: detail.Scaled, small: np.ndarray, landmarks: np.nd
     small, weight, mean = specular.suppress(small, landmarks)
     if mean is None:
         return crop, small
-    full = small
+    if crop.small == crop.size:
+        return detail.Scaled(small, crop.small), small
+    full = crop.full
     window = detail.nonzero_window(weight, crop.ratio, crop.size)
-    if crop.small != crop.size and window is not None:
+    if window is not None:
         # Highlights are a small part of the face: only their window is touched.
         x0, y0, x1, y1 = window
         full = crop.full.copy()
@@ -197,6 +200,18 @@ def _vertex_field(values: np.ndarray, points: np.ndarray, size: tuple[int, int],
 
 #: Threads for the renders' source sides (see :class:`ClassicSwapper`).
 SIDE_THREADS = 2
+
+
+#: Every classic swapper of the process, for :func:`_after_fork`.
+_SWAPPERS: weakref.WeakSet[ClassicSwapper] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for swapper in list(_SWAPPERS):
+        swapper._reset_side()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class _Inline(Executor):
@@ -332,33 +347,45 @@ class ClassicSwapper:
         self.pixels: PixelBackend = pixels or OpenCVPixels()
         self.sources = SourceCache() if cache_sources else None
         self.side_threads = side_threads
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._reset_side()
+        _SWAPPERS.add(self)
+
+    def _reset_side(self) -> None:
+        """No side threads, a fresh lock (and a fresh source memo): at start, and in
+        a forked child (threads do not survive a fork; a lock held by one of them
+        at the fork would stay held)."""
+        self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._side_busy = 0
+        if self.sources is not None:
+            self.sources = SourceCache()
 
     def _submit_side(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """``fn(*args)`` on a free side thread, or at once in the caller when none is
-        free. The pool is made on first use in each process (its threads do not
-        survive a fork)."""
+        free. The pool is made on first use."""
         with self._pool_lock:
-            if self._pool is not None and self._pool[0] != os.getpid():
-                self._pool, self._side_busy = None, 0  # a forked child: start afresh
             free = self._side_busy < self.side_threads
             if free:
                 self._side_busy += 1
                 if self._pool is None:
-                    self._pool = (os.getpid(),
-                                  ThreadPoolExecutor(self.side_threads, "facefuse-source"))
-                pool = self._pool[1]
+                    self._pool = ThreadPoolExecutor(self.side_threads, "facefuse-source")
+                pool = self._pool
         if not free:
             return _Inline().submit(fn, *args)
         try:
             done = pool.submit(fn, *args)
-        except BaseException:
+        except RuntimeError:  # the interpreter is shutting down: no new threads
             self._side_done()
-            raise
+            return _Inline().submit(fn, *args)
         done.add_done_callback(lambda _: self._side_done())
         return done
+
+    def close(self) -> None:
+        """Let the side threads go (a later render starts them again)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     def _side_done(self) -> None:
         with self._pool_lock:
@@ -411,8 +438,10 @@ class ClassicSwapper:
             tgt_occ = (_occluders(tgt_img, tgt_local, options)
                        if options.keep_target_occluders else None)
             geometry = _geometry(src_local, tgt_local, dst_local, tgt_img.shape, options)
-        finally:
-            source = side.result()
+        except BaseException:
+            side.exception()  # the source side finishes; the target side's error is raised
+            raise
+        source = side.result()
         src_crop = source.crop
         work = self._layer(source, tgt_img, tgt_local, dst_local, feather * frame.ratio[0],
                            options, prep, tgt_occ, geometry)
