@@ -5,7 +5,9 @@ Both servers up at once (as in bench/ab.py: the base commit's ``src/`` on
 distinct portraits (~630–900 px, or ``--megapixels``); the
 requests alternate between the servers. Per stage, the median of the
 ``Server-Timing`` header (milliseconds; the source's and the target's stages run
-concurrently and are summed), and the client-side wall time.
+concurrently and are summed), the client-side wall time and the server process's
+CPU time per request (user + system, all its threads: on a shared machine the
+figure that other load moves least).
 
     .venv/bin/python bench/stage_timing.py [--base REV] [--requests 40]
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -44,6 +47,17 @@ def server_timing(header: str) -> dict[str, float]:
     return out
 
 
+def cpu_ms(pids: list[int]) -> float:
+    """User + system CPU time of ``pids`` so far, milliseconds (``/proc/PID/stat``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total * 1000.0 / tick
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="HEAD~1")
@@ -62,20 +76,23 @@ def main() -> None:
         with httpx.Client(timeout=120) as client:
             for i, (src, tgt) in enumerate(pairs):
                 for name, srv in servers.items():
-                    t0 = time.perf_counter()
+                    c0, t0 = cpu_ms(srv.pids()), time.perf_counter()
                     r = client.post(srv.url + "/v1/fuse", data={"degree": "80"},
                                     files={"source": ("s.jpg", src), "target": ("t.jpg", tgt)})
                     wall = (time.perf_counter() - t0) * 1000.0
                     r.raise_for_status()
+                    cpu = cpu_ms(srv.pids()) - c0  # the response is sent: the work is done
                     if i < 3:  # warm-up
                         continue
                     timing = server_timing(r.headers.get("server-timing", ""))
                     timing["wall"] = wall
+                    timing["server_cpu"] = cpu
                     for k, v in timing.items():
                         stages[name].setdefault(k, []).append(v)
     med = {name: {k: round(statistics.median(v), 1) for k, v in s.items()}
            for name, s in stages.items()}
     res = {"machine": machine(), "base": base, "head": head, "requests": args.requests,
+           "load_after": [round(x, 2) for x in os.getloadavg()],
            "megapixels": args.megapixels,
            "base_home": str(args.base_home) if args.base_home else None, "median_ms": med}
     write_json("stage_timing", res)
@@ -95,16 +112,19 @@ def report(res: dict[str, Any]) -> str:
         "alternating between them (degree 80, each side's defaults: "
         "a stage a side does not run shows 0); medians of the `Server-Timing` "
         "stages (source and target stages overlap and are summed) and of the client's wall "
-        "time, ms.",
+        "time, and the server process's CPU time per request (user + system, all "
+        "threads; 10 ms ticks), ms.",
         "",
         "| stage | before | after | after / before |",
         "|---|---:|---:|---:|",
     ]
-    for k in (*STAGES, "wall"):
+    for k in (*STAGES, "wall", "server_cpu"):
         if k in old or k in new:
             a, b = old.get(k, 0.0), new.get(k, 0.0)
             ratio = f"{b / a:.2f}×" if a else "–"
             lines.append(f"| {k} | {a:.1f} | {b:.1f} | {ratio} |")
+    if "load_after" in res:
+        lines += ["", f"Load average (1/5/15 min) at the end: {res['load_after']}."]
     return "\n".join(lines) + "\n"
 
 

@@ -80,26 +80,48 @@ def test_converted_graph_has_stable_names_and_free_batch(
         np.testing.assert_allclose(a.reshape(8, -1), r, rtol=1e-5, atol=1e-3)
 
 
-def test_split_prelu_is_exactly_prelu() -> None:
-    rng = np.random.default_rng(5)
-    slope = rng.uniform(-1.5, 1.5, (1, 4, 1, 1)).astype(np.float32)
+def _prelu_model(slope: np.ndarray) -> onnx.ModelProto:
     graph = helper.make_graph(
         [helper.make_node("PRelu", ["x", "slope"], ["y"])], "prelu",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5, 5])],
         [numpy_helper.from_array(slope, "slope")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
+@pytest.mark.parametrize(("slopes", "ops"), [
+    # Slopes on both sides of 1 (a negative one too): the sign conv is needed.
+    ((-0.3, 0.25, 1.0, 1.4), ["Conv", "Relu", "Conv", "Add"]),
+    # All at most 1: no sign conv.
+    ((-0.3, 0.25, 0.9, 1.0), ["Conv", "Relu", "Add"]),
+])
+def test_split_prelu_equals_prelu(slopes: tuple[float, ...], ops: list[str]) -> None:
+    rng = np.random.default_rng(5)
+    slope = np.asarray(slopes, np.float32).reshape(1, 4, 1, 1)
+    model = _prelu_model(slope)
     reference = ort.InferenceSession(model.SerializeToString(),
                                      providers=["CPUExecutionProvider"])
     split = postprocess_graph(model, output_names=None, dynamic_batch=False)
-    assert [n.op_type for n in split.graph.node] == ["Relu", "Neg", "Relu", "Mul", "Add"]
+    assert [n.op_type for n in split.graph.node] == ops
     session = ort.InferenceSession(split.SerializeToString(), providers=["CPUExecutionProvider"])
     x = rng.normal(0, 3, (1, 4, 5, 5)).astype(np.float32)
-    x[0, 0, 0, :3] = (0.0, -0.0, 1e-30)
+    x[:, :, 0, :3] = (0.0, -0.0, 1e-30)
     (want,) = reference.run(None, {"x": x})
     (got,) = session.run(None, {"input": x})
-    assert np.array_equal(got, want)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
+    assert np.array_equal(got[x >= 0], x[x >= 0])  # the positive side is x itself
+    np.testing.assert_allclose(got, np.where(x > 0, x, x * slope), rtol=1e-6, atol=1e-30)
+
+
+def test_per_pixel_prelu_keeps_the_exact_form() -> None:
+    slope = np.random.default_rng(6).uniform(-1.5, 1.5, (4, 5, 5)).astype(np.float32)
+    model = _prelu_model(slope)
+    split = postprocess_graph(model, output_names=None, dynamic_batch=False)
+    assert [n.op_type for n in split.graph.node] == ["Relu", "Neg", "Relu", "Mul", "Add"]
+    session = ort.InferenceSession(split.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(7).normal(0, 3, (1, 4, 5, 5)).astype(np.float32)
+    (got,) = session.run(None, {"input": x})
     assert np.array_equal(got, np.where(x > 0, x, x * slope))
 
 
