@@ -12,7 +12,7 @@ from mediapipe_ref import TFLiteModel, tflite_dir, tflite_file
 
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
-from facefuse.faces import detector_base, stages
+from facefuse.faces import stages
 from facefuse.faces.blazeface import (
     FULL_RANGE,
     SHORT_RANGE,
@@ -21,7 +21,7 @@ from facefuse.faces.blazeface import (
     ssd_anchors,
     weighted_nms,
 )
-from facefuse.faces.detector_base import Candidates, Passes, letterbox, tile_grid
+from facefuse.faces.detector_base import Candidates, letterbox, tile_grid
 from facefuse.faces.types import Detection
 from facefuse.runtime.registry import ModelRegistry
 
@@ -290,52 +290,6 @@ def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(
         plain = _run_counting(stages.detect(full, picture), full)[0]
         assert len(found) == len(plain) == 1
         np.testing.assert_array_equal(found[0].bbox, plain[0].bbox)
-
-
-def test_passes_build_each_item_once_and_only_when_indexed() -> None:
-    built: list[int] = []
-
-    def build(i: int) -> int:
-        built.append(i)
-        return 10 * i
-
-    passes = Passes(4, build)
-    assert len(passes) == 4 and built == []
-    assert passes[0] == 0 and passes[-1] == 30
-    assert passes[1:3] == [10, 20]
-    assert passes[0] == 0
-    doubled = passes.map(lambda v: 2 * v)
-    assert list(doubled) == [0, 20, 40, 60]
-    assert built == [0, 3, 1, 2]  # each built once, in the order first asked for
-    with pytest.raises(IndexError):
-        passes[4]
-
-
-def test_the_tiles_are_not_cut_when_only_the_whole_image_pass_runs(
-    full: BlazeFaceDetector, sample_images: dict[str, np.ndarray],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    image = sample_images["obama"]
-    canvas, _ = _paste((1950, 2000), image, 1500, (0, 0))
-    eager = full.preprocess(canvas)
-    assert len(eager) > 2
-    # Lazily built passes are the eager ones, byte for byte.
-    for (t, box), (t_eager, box_eager) in zip(full.passes(canvas), eager, strict=True):
-        np.testing.assert_array_equal(t, t_eager)
-        assert box == box_eager
-    cut: list[tuple[int, int, int, int] | None] = []
-    real = detector_base.letterbox
-
-    def counting(img: np.ndarray, size: int, crop: Any = None) -> Any:
-        cut.append(crop)
-        return real(img, size, crop)
-
-    monkeypatch.setattr(detector_base, "letterbox", counting)
-    found, calls = _run_counting(stages.detect(full, canvas, coarse_first=True), full)
-    assert calls == [1] and len(found) == 1
-    assert len(cut) == 1  # the whole image only
-    _run_counting(stages.detect(full, canvas), full)
-    assert len(cut) == 1 + len(eager)
 
 
 @pytest.mark.parametrize("shape", [(300, 1200), (1200, 300), (300, 4000), (4000, 300), (40, 900)])
