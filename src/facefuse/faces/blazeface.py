@@ -29,7 +29,6 @@ from facefuse.faces.detector_base import (
     BatchedDetector,
     Candidates,
     Letterbox,
-    Passes,
     away_from_inner_edges,
     iou,
     letterbox_passes,
@@ -223,22 +222,21 @@ class BlazeFaceDetector(BatchedDetector):
         self.nms_iou = float(nms_iou)
         self.tile_above = int(tile_above)
 
-    def passes(self, image: np.ndarray) -> Passes[tuple[np.ndarray, Letterbox]]:
-        """Model inputs for one image: the whole image, then tiles if it is large,
-        each built on first use.
+    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
+        """Model inputs for one image: the whole image, then tiles if it is large.
 
         Args:
             image: RGB uint8 (H, W, 3).
 
         Returns:
-            ``(tensor (3, S, S) float32 in [-1, 1], Letterbox)`` per pass.
+            list of ``(tensor (3, S, S) float32 in [-1, 1], Letterbox)``.
         """
         require_rgb(image)
         h, w = image.shape[:2]
         crops = [(0, 0, w, h)]
         crops.extend(tile_grid(w, h, self.tile_above, MIN_FACE_FRACTION[self.variant]))
-        return letterbox_passes(image, self.size, crops).map(
-            lambda pass_: (to_tensor(pass_[0]), pass_[1]))
+        passes = letterbox_passes(image, self.size, crops)
+        return [(to_tensor(canvas), box) for canvas, box in passes]
 
     def decode_tensor(
         self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox

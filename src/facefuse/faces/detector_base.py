@@ -10,25 +10,19 @@ in large photos are seen at a useful resolution. The image is shrunk once by the
 largest integer factor all passes allow (exact area averaging), and every pass is
 cut from that copy, so a 4000-pixel photo costs one fast resize, not one per tile.
 Tile detections cut by an inner tile edge are dropped before the passes merge.
-The passes are :class:`Passes`: each is letterboxed on first use, so a caller that
-runs only the whole-image pass (a largest-face search) never cuts the tiles.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar, overload
 
 import cv2
 import numpy as np
 
 from facefuse.faces.types import Detection
 from facefuse.runtime.registry import LoadedModel
-
-T = TypeVar("T")
-U = TypeVar("U")
 
 #: Tiles overlap by at most / at least this fraction of their side.
 MAX_TILE_OVERLAP = 0.4
@@ -163,50 +157,16 @@ def _starts(extent: int, tile: int, stride: int) -> list[int]:
     return [round(i * (extent - tile) / (n - 1)) for i in range(n)]
 
 
-class Passes(Sequence[T], Generic[T]):
-    """The ``count`` passes of one image, each built by ``build(i)`` on first use and
-    kept: indexing (an int or a slice) builds only what it returns."""
-
-    def __init__(self, count: int, build: Callable[[int], T]) -> None:
-        self._build = build
-        self._items: list[T | None] = [None] * count
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    @overload
-    def __getitem__(self, index: int) -> T: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[T]: ...
-
-    def __getitem__(self, index: int | slice) -> T | list[T]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        i = range(len(self))[index]  # IndexError out of range; negative indices count back
-        item = self._items[i]
-        if item is None:
-            item = self._items[i] = self._build(i)
-        return item
-
-    def __iter__(self) -> Iterator[T]:
-        return (self[i] for i in range(len(self)))
-
-    def map(self, fn: Callable[[T], U]) -> Passes[U]:
-        """``fn`` of each pass, also built on first use."""
-        return Passes(len(self), lambda i: fn(self[i]))
-
-
 def letterbox_passes(
     image: np.ndarray, size: int, crops: Sequence[tuple[int, int, int, int]]
-) -> Passes[tuple[np.ndarray, Letterbox]]:
+) -> list[tuple[np.ndarray, Letterbox]]:
     """Letterbox each crop ``(x0, y0, w, h)`` of ``image`` into a ``size``×``size`` canvas.
 
-    The image is shrunk once (now) by the largest integer factor every pass can
+    The image is shrunk once by the largest integer factor every pass can
     afford (OpenCV's fast exact area path) and every pass is cut and fitted
-    from that copy when first used; the < k pixels at the right/bottom that do
-    not fill a k×k block are dropped. Returns ``(canvas (size, size, 3) uint8,
-    Letterbox)`` per crop, the Letterbox mapping canvas pixels to ``image`` pixels.
+    from that copy; the < k pixels at the right/bottom that do not fill a k×k
+    block are dropped. Returns ``(canvas (size, size, 3) uint8, Letterbox)``
+    per crop, the Letterbox mapping canvas pixels to ``image`` pixels.
     """
     h, w = image.shape[:2]
     k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // size), w, h)
@@ -215,18 +175,15 @@ def letterbox_passes(
         small = cv2.resize(image[: hk * k, : wk * k], (wk, hk), interpolation=cv2.INTER_AREA)
     else:
         k, small = 1, image
-    crops = list(crops)
-
-    def one(i: int) -> tuple[np.ndarray, Letterbox]:
-        x0, y0, cw, ch = crops[i]
+    out: list[tuple[np.ndarray, Letterbox]] = []
+    for x0, y0, cw, ch in crops:
         sx0, sy0 = x0 // k, y0 // k
         sx1 = min(small.shape[1], -(-(x0 + cw) // k))
         sy1 = min(small.shape[0], -(-(y0 + ch) // k))
         canvas, box = letterbox(small, size, (sx0, sy0, sx1 - sx0, sy1 - sy0))
         inner = (x0 > 0, y0 > 0, x0 + cw < w, y0 + ch < h)
-        return canvas, box.upscaled(k, w, h, inner)
-
-    return Passes(len(crops), one)
+        out.append((canvas, box.upscaled(k, w, h, inner)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -296,14 +253,9 @@ class BatchedDetector:
     #: Raw regression values per anchor.
     regression_width: int
 
-    def passes(self, image: np.ndarray) -> Passes[tuple[np.ndarray, Letterbox]]:
-        """Model inputs ``(tensor (3, S, S) float32, Letterbox)`` of one RGB uint8 image,
-        the whole image first, each built on first use."""
-        raise NotImplementedError
-
     def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
-        """All of :meth:`passes`, built now."""
-        return list(self.passes(image))
+        """Model inputs ``(tensor (3, S, S) float32, Letterbox)`` of one RGB uint8 image."""
+        raise NotImplementedError
 
     def decode_tensor(
         self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox

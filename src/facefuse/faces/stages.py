@@ -265,7 +265,7 @@ def _detect_turn(detector: Detector, rgb: np.ndarray, k: int,
                  coarse_first: bool) -> Stage[list[Detection]]:
     """:func:`detect` for the one quarter turn ``k``, in ``rgb``'s pixels."""
     h, w = rgb.shape[:2]
-    items = detector.passes(rotate_image(rgb, k))  # tiles cut only if they run
+    items = detector.preprocess(rotate_image(rgb, k))
     first = 1 if coarse_first and len(items) > 1 else len(items)
     outputs = yield ModelCall(registry_name(detector.model),
                               tuple(x for x, _ in items[:first]))

@@ -35,7 +35,6 @@ from facefuse.faces.detector_base import (
     BatchedDetector,
     Candidates,
     Letterbox,
-    Passes,
     away_from_inner_edges,
     iou,
     letterbox_passes,
@@ -183,22 +182,22 @@ class YuNetDetector(BatchedDetector):
         self.nms_iou = float(nms_iou)
         self.tile_above = int(tile_above)
 
-    def passes(self, image: np.ndarray) -> Passes[tuple[np.ndarray, Letterbox]]:
-        """Model inputs for one image: the whole image, then tiles if it is large,
-        each built on first use.
+    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
+        """Model inputs for one image: the whole image, then tiles if it is large.
 
         Args:
             image: RGB uint8 (H, W, 3).
 
         Returns:
-            ``(tensor (3, S, S) float32 RGB 0..255, Letterbox)`` per pass.
+            list of ``(tensor (3, S, S) float32 RGB 0..255, Letterbox)``.
         """
         require_rgb(image)
         h, w = image.shape[:2]
         crops = [(0, 0, w, h), *tile_grid(w, h, self.tile_above, MIN_FACE_FRACTION)]
-        return letterbox_passes(image, self.size, crops).map(
-            lambda pass_: (np.ascontiguousarray(pass_[0].transpose(2, 0, 1), dtype=np.float32),
-                           pass_[1]))
+        return [
+            (np.ascontiguousarray(canvas.transpose(2, 0, 1), dtype=np.float32), box)
+            for canvas, box in letterbox_passes(image, self.size, crops)
+        ]
 
     def decode_tensor(
         self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox
