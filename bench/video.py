@@ -150,7 +150,7 @@ STAGES = [
     ("- detection (every 10th frame)", "video/engine.py", "_detect"),
     ("render (`ClassicSwapper.render`)", "swappers/classic.py", "render"),
     ("- dense maps (`piecewise_affine_maps`)", "imaging/warp.py", "piecewise_affine_maps"),
-    ("- occluder masks (the target's)", "fusion/occlusion.py", "occluder_mask"),
+    ("- occluder masks (the target's)", "fusion/regions.py", "face_occluders"),
     ("- full-resolution detail path", "fusion/detail.py", "full_resolution_layer"),
     ("- sharpness match", "imaging/color.py", "match_sharpness"),
     ("- the target's highlights", "fusion/specular.py", "highlights"),
