@@ -79,11 +79,6 @@ CUT_ABOVE = 28.0
 SAME_FACE_IOU = 0.3
 #: Largest embedding distance (unit vectors) at which a track is the reference person.
 REFERENCE_DISTANCE = 0.45
-#: The decoder's and the encoder's own threads. The codecs already run beside the
-#: fusion, each in a thread of the driver's, and the fusion keeps the cores busy:
-#: FFmpeg's own choice (from the cores the node has, not the pod's CPU limit) bought
-#: no CPU time at 720p on two cores and held ~30 MB more in frame-thread buffers.
-CODEC_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -507,10 +502,9 @@ class VideoFuser:
                 progress(report.frames, max(total, report.frames),
                          report.frames / max(time.perf_counter() - t0, 1e-6))
 
-        with (VideoWriter(out, info, enc, clip, threads=CODEC_THREADS) as writer,
+        with (VideoWriter(out, info, enc, clip) as writer,
               ThreadPoolExecutor(options.threads, thread_name_prefix="render") as pool):
-            reader = _Pipe(iter(VideoReader(clip, info, self.limits, threads=CODEC_THREADS)),
-                           options.window, "decode")
+            reader = _Pipe(iter(VideoReader(clip, info, self.limits)), options.window, "decode")
             sink = _Sink(writer, options.window)
             try:
                 for item in reader:

@@ -237,17 +237,12 @@ def conversion(info: VideoInfo) -> tuple[str, str]:
 
 class VideoReader:
     """Decodes a clip into upright RGB :class:`Frame` s and its audio into
-    :class:`AudioPacket` s, in file order. One pass; iterate once.
+    :class:`AudioPacket` s, in file order. One pass; iterate once."""
 
-    ``threads``: the decoder's own threads (0: FFmpeg decides, frame and slice
-    threads by the core count)."""
-
-    def __init__(self, path: Path, info: VideoInfo, limits: VideoLimits | None = None,
-                 *, threads: int = 0) -> None:
+    def __init__(self, path: Path, info: VideoInfo, limits: VideoLimits | None = None) -> None:
         self.path = path
         self.info = info
         self.limits = limits or VideoLimits()
-        self.threads = threads
 
     def __iter__(self) -> Iterator[Frame | AudioPacket]:
         av = pyav()
@@ -257,10 +252,7 @@ class VideoReader:
         turns = info.rotation // 90
         with contextlib.closing(_open(self.path)) as c:
             v = c.streams.video[0]
-            if self.threads:
-                v.codec_context.thread_count = self.threads
-            else:
-                v.thread_type = "AUTO"
+            v.thread_type = "AUTO"
             streams = [v] + ([c.streams.audio[0]] if c.streams.audio else [])
             audio = streams[1] if len(streams) > 1 else None
             index = 0
@@ -301,9 +293,7 @@ class VideoReader:
 class VideoWriter:
     """Encodes upright RGB frames into ``dest`` with ``encoder``, copying the audio
     packets it is given; atomic (see the module docstring). Use as a context
-    manager: leaving it with an exception discards the partial file.
-
-    ``threads``: the encoder's own threads (0: FFmpeg decides)."""
+    manager: leaving it with an exception discards the partial file."""
 
     def __init__(self, dest: Path, info: VideoInfo, encoder: Encoder,
                  source: Path, *, threads: int = 0) -> None:
