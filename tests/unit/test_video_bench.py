@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_paths: object,
                                                     tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "video.py"), "--sizes", "480", "--frames", "6",
+        [sys.executable, str(ROOT / "bench" / "video.py"), "--sizes", "480", "--frames", "14",
          "--workers", "1", "--repeat", "1", "--profile", "--long-seconds", "0.4",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=900)
@@ -26,7 +26,9 @@ def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_path
     kinds = {(r["kind"], r["workers"]): r for r in rows}
     assert set(kinds) == {("facefuse", 1), ("naive", 1)}
     engine = kinds[("facefuse", 1)]
-    assert engine["frames"] == 6 and engine["fps"] > 0 and engine["peak_rss_mb"] > 0
+    assert engine["frames"] == 14 and engine["fps"] > 0 and engine["peak_rss_mb"] > 0
+    # The rate after the first ten frames: start-up (analysis, models, codecs) behind it.
+    assert engine["steady_fps"] > 0
     assert engine["jitter_smooth_pct"] < engine["jitter_raw_pct"]
     assert 0 < engine["flicker"] < 5
     # The stage profile: the frame's CPU split into its parts, each inside the whole.
