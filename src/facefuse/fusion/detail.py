@@ -252,7 +252,9 @@ def full_resolution_layer(
     # The detail bands are luma: the target's colour above the split (a nostril's,
     # a mole's) would stay as a tinted ghost of it. Where the source is shown it goes.
     colour = np.asarray(warped, np.float32) - tgt_y[..., None]
-    colour -= low_pass(low_pass(colour, FINE_SIGMA), split)
+    # (One Gaussian of the two bands' combined σ: the same low-pass as their cascade,
+    # at half size.)
+    colour -= low_pass(colour, float(np.hypot(FINE_SIGMA, split)))
     colour *= share[..., None]
     layer -= colour
     return layer

@@ -198,8 +198,9 @@ def _vertex_field(values: np.ndarray, points: np.ndarray, size: tuple[int, int],
     return out
 
 
-#: Threads for the renders' source sides (see :class:`ClassicSwapper`).
-SIDE_THREADS = 2
+#: Threads for the renders' source sides (see :class:`ClassicSwapper`): none by
+#: default, like the ``render_side_threads`` setting (on 2 cores they cost CPU).
+SIDE_THREADS = 0
 
 
 #: Every classic swapper of the process, for :func:`_after_fork`.
@@ -333,9 +334,10 @@ class ClassicSwapper:
     (:mod:`facefuse.fusion.source_prep`; a clip's frames share it).
     ``side_threads``: threads that run renders' source sides beside their target
     sides (0: in the calling thread). The two halves are independent, and much of
-    each is NumPy/OpenCV work that releases the GIL: an idle second core halves
-    the time they take. When every side thread is busy (many renders at once) the
-    source side runs in the caller, so no render waits in a queue behind others.
+    each is NumPy/OpenCV work that releases the GIL, so with idle cores beyond
+    OpenCV's own threads the stage is shorter. When every side thread is busy
+    (many renders at once) the source side runs in the caller, so no render waits
+    in a queue behind others.
     """
 
     name = "classic"
