@@ -134,9 +134,10 @@ class Settings:
     inference_workers: int = 2
     cpu_workers: int = 2
     #: Threads per process that run a render's source side beside its target side
-    #: (0: each render in one thread). Off by default: on a 2-core host OpenCV's own
-    #: threads already fill both cores, and a side thread cost CPU (1.5 MP: wall
-    #: 0.95x, CPU 1.05x; 4 MP: wall 1.14x, CPU 1.18x against none).
+    #: (0: each render in one thread). Off by default: on a quiet 2-core host two of
+    #: them shortened a 1.5-MP render (wall 0.80-0.99x in four runs) for about the
+    #: same CPU (0.96-1.10x), but at 4 MP one run was slower (1.14x) and under load
+    #: they only add threads to cores OpenCV's own already fill.
     render_side_threads: int = 0
     #: Request body limit, bytes (checked before reading it all).
     max_body_bytes: int = 10 * 1024 * 1024
