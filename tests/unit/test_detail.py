@@ -152,7 +152,8 @@ def test_a_targets_coloured_mark_leaves_no_tinted_ghost(
     out = fuser.fuse_faces(src, sf, marked, tf, [0], FuseOptions(degree=100)).image
 
     def lab(rgb: np.ndarray) -> np.ndarray:
-        return cv2.cvtColor(rgb, cv2.COLOR_RGB2LAB)[spot].astype(np.float64)
+        out: np.ndarray = cv2.cvtColor(rgb, cv2.COLOR_RGB2LAB)[spot].astype(np.float64)
+        return out
 
     mark = np.abs(lab(marked) - lab(tgt)).mean(0)
     ghost = np.abs(lab(out) - lab(plain)).mean(0)
