@@ -205,3 +205,38 @@ def test_a_failing_source_side_fails_the_render(
             ClassicSwapper(cache_sources=False, side_threads=threads).render(
                 sample_images["biden"], faces["biden"], sample_images["obama"],
                 faces["obama"], FuseOptions())
+
+
+def test_a_forked_child_renders_with_its_own_threads(
+        sample_images: dict[str, np.ndarray], faces: dict[str, Any]) -> None:
+    """A swapper whose side threads ran before a fork renders in the child (no pool
+    or lock inherited from the parent) and gives the parent's layer."""
+    import os
+    import select
+    import signal
+
+    swapper = ClassicSwapper(side_threads=2)
+    src, tgt = sample_images["biden"], sample_images["obama"]
+    want = swapper.render(src, faces["biden"], tgt, faces["obama"], FuseOptions())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: render, report, leave at once
+        code = 1
+        try:
+            got = swapper.render(src, faces["biden"], tgt, faces["obama"], FuseOptions())
+            code = 0 if np.array_equal(got.face, want.face) else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    try:
+        # A child stuck on an inherited lock would never answer: not waited for.
+        ready, _, _ = select.select([read], [], [], 120.0)
+        answer = os.read(read, 1) if ready else b"hung"
+    finally:
+        os.close(read)
+        if answer == b"hung":
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    swapper.close()
+    assert answer == b"\x00", answer

@@ -208,8 +208,12 @@ _SWAPPERS: weakref.WeakSet[ClassicSwapper] = weakref.WeakSet()
 
 
 def _after_fork() -> None:
+    """In a forked child: every swapper without the parent's threads and locks (its
+    source memo, whose lock may have been held too, starts empty)."""
     for swapper in list(_SWAPPERS):
         swapper._reset_side()
+        if swapper.sources is not None:
+            swapper.sources = SourceCache()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -353,14 +357,12 @@ class ClassicSwapper:
         _SWAPPERS.add(self)
 
     def _reset_side(self) -> None:
-        """No side threads, a fresh lock (and a fresh source memo): at start, and in
-        a forked child (threads do not survive a fork; a lock held by one of them
-        at the fork would stay held)."""
+        """No side threads and a fresh lock: at start, and in a forked child (threads
+        do not survive a fork; a lock held by one of them at the fork would stay
+        held)."""
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._side_busy = 0
-        if self.sources is not None:
-            self.sources = SourceCache()
 
     def _submit_side(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """``fn(*args)`` on a free side thread, or at once in the caller when none is
