@@ -452,7 +452,11 @@ class ClassicSwapper:
         # Large faces: the target's pixels warped at full resolution, the render's
         # change and the detail band matched to the photo's.
         face, mask, keep = work.face, work.mask, work.keep
-        if scale < 1.0:
+        if scale < 1.0 or options.texture_weight > 0.0:
+            # Every face, at the working scale or its own: the layer's change is
+            # low-passed and the detail bands come from the source at its own
+            # resolution, matched to the photo (rendered at its own scale, a small
+            # face otherwise kept only the working render's softened detail).
             # The detail's energy is the skin's: the features' own edges are left out.
             h, w = tgt_img.shape[:2]
             features = (work.features if work.features is not None else
@@ -461,6 +465,7 @@ class ClassicSwapper:
             face = detail.full_resolution_layer(
                 frame, work.target_maps, src_crop, work.source_maps, work.valid, work.face,
                 work.target_layer, work.direct, skin)
+        if scale < 1.0:
             mask = cv2.resize(mask, frame.size, interpolation=cv2.INTER_LINEAR)
         eyes.recolour_irises(face, dst - origin, work.iris_gains, options.texture_weight,
                              feather)
