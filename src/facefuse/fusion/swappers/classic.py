@@ -449,8 +449,6 @@ class ClassicSwapper:
         src_crop = source.crop
         work = self._layer(source, tgt_img, tgt_local, dst_local, feather * frame.ratio[0],
                            options, prep, tgt_occ, geometry)
-        # Large faces: the target's pixels warped at full resolution, the render's
-        # change and the detail band matched to the photo's.
         face, mask, keep = work.face, work.mask, work.keep
         if scale < 1.0 or options.texture_weight > 0.0:
             # Every face, at the working scale or its own: the layer's change is
