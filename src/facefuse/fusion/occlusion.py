@@ -355,9 +355,6 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray,
     occ = (1.0 - skin_probability(image, model, max(0.5, 0.01 * d))) * (face / 255.0)
     feat = any_feat > 127
     occ[feat] = 0.0
-    rim = _rim_background(occ > 0.5, face > 127, RIM_WIDTH * d)
-    if rim.any() and rim_grow > 0.0:
-        rim = grow(rim, rim_grow * d) & (face > 127)
     binary: np.ndarray = cv2.morphologyEx((occ > 0.5).astype(np.uint8), cv2.MORPH_OPEN,
                                           disc(0.03 * d))
     area = max(1, int(face.sum() // 255))
@@ -396,6 +393,9 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray,
             binary[fm] = reach[fm]
     # Small islands are shading, stubble or a highlight, not something in front.
     drop_islands(binary, MIN_OCCLUDER_AREA * area)
+    rim = _rim_background(occ > 0.5, face > 127, RIM_WIDTH * d)
+    if rim.any() and rim_grow > 0.0:
+        rim = grow(rim, rim_grow * d) & (face > 127)
     binary[rim] = 1
     out: np.ndarray = binary.astype(np.float32)
     return out
