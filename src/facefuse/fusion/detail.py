@@ -189,11 +189,17 @@ def detail_gains(e_src: float, e_tgt: float, e_ref: float) -> tuple[float, float
     return g, c
 
 
+def _sample(band: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """``band`` on ``where``, read on every other row and column (the bands are
+    stationary over the skin: a quarter of the pixels give the same figures to
+    well under 1%)."""
+    out: np.ndarray = band[::2, ::2][where[::2, ::2]]
+    return out
+
+
 def _energy(band: np.ndarray, where: np.ndarray) -> float:
-    """Mean square of ``band`` on ``where``, read on every other row and column (the
-    bands are stationary over the skin: a quarter of the pixels give the same
-    figure to well under 1%)."""
-    sample = band[::2, ::2][where[::2, ::2]]
+    """Mean square of ``band`` on ``where`` (see :func:`_sample`)."""
+    sample = _sample(band, where)
     return float(np.dot(sample, sample)) / float(max(1, sample.size))
 
 
@@ -293,6 +299,6 @@ def _matched_detail(src_y: np.ndarray, tgt_y: np.ndarray, ref_y: np.ndarray,
 
 def _spread(band: np.ndarray, where: np.ndarray) -> float:
     """Robust standard deviation (1.4826 × the median absolute value) of a
-    zero-mean band on ``where``, read on every other row and column."""
-    sample = np.abs(band[::2, ::2][where[::2, ::2]])
+    zero-mean band on ``where`` (see :func:`_sample`)."""
+    sample = np.abs(_sample(band, where))
     return 1.4826 * float(np.median(sample)) if sample.size else 0.0

@@ -253,10 +253,10 @@ class _Source:
     outline: np.ndarray
 
 
-def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, options: FuseOptions,
-                 prep: SourceEntry) -> _Source:
-    """What the render needs of the source alone (memoised in ``prep``), at ``scale``."""
-    relit = options.relight and options.texture_weight > 0.0
+def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: bool,
+                 options: FuseOptions, prep: SourceEntry) -> _Source:
+    """What the render needs of the source alone (memoised in ``prep``, whose key
+    holds ``scale`` and ``relit``), at ``scale``; its highlights out when ``relit``."""
     crop, small, local = prep.get("crop", lambda: _source_crop(image, landmarks, scale, relit))
     occluders = None
     if options.reject_source_occluders and options.texture_weight > 0.0:
@@ -435,7 +435,8 @@ class ClassicSwapper:
                 else self.sources.entry(source_rgb, src_lm, src_scale, relit))
         # The source's side (its crop, highlights, occluders, outline) needs only the
         # source: it runs beside the target's side (occluders, triangles, maps).
-        side = self._submit_side(_source_side, source_rgb, src_lm, src_scale, options, prep)
+        side = self._submit_side(_source_side, source_rgb, src_lm, src_scale, relit, options,
+                                 prep)
         try:
             src_local = _crop_points(src_lm, _source_box(source_rgb.shape, src_lm), src_scale)
             tgt_img = np.ascontiguousarray(tgt_img)
