@@ -78,14 +78,11 @@ def test_the_irises_take_the_sources_colour(fuser: FaceFuser,
     src, tgt = samples["astronaut"], samples["biden"]
 
     def chroma(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
-        inside = masks.eyes_mask(lm, (0, 0, image.shape[1], image.shape[0]))
         colours = []
-        for _, iris in eye_groups(lm):
-            c = lm[iris[0], :2]
-            r = float(np.linalg.norm(lm[list(iris[1:]), :2] - c, axis=1).mean())
-            m = eyes._ring_median(image.astype(np.float32), inside, c, r)
+        for eye in eye_groups(lm):
+            m = eyes.iris_colour(image.astype(np.float32), lm, eye)
             assert m is not None
-            colours.append(m / m.sum())
+            colours.append(m[0] / m[0].sum())
         out: np.ndarray = np.mean(colours, axis=0)
         return out
 
@@ -104,12 +101,12 @@ def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
     whose opening shows fewer than MIN_SAMPLES iris pixels."""
     img = np.zeros((8, 8, 3), np.float32)
     lm = np.zeros((468, 3))
-    assert eyes.iris_gains(img, img, lm, lm, np.zeros((8, 8), np.float32)) == [None, None]
+    assert eyes.iris_gains(img, lm, img, lm, np.zeros((8, 8), np.float32)) == [None, None]
     tgt = samples["biden"]
     image = tgt.image.astype(np.float32)
     h, w = image.shape[:2]
     opening = masks.eyes_mask(tgt.landmarks, (0, 0, w, h))
-    assert all(g is not None for g in eyes.iris_gains(image, image, tgt.landmarks,
-                                                      tgt.landmarks, opening))
+    gains = eyes.iris_gains(image, tgt.landmarks, image, tgt.landmarks, opening)
+    assert all(g is not None and np.allclose(g, 1.0) for g in gains)
     shut = np.zeros((h, w), np.float32)
-    assert eyes.iris_gains(image, image, tgt.landmarks, tgt.landmarks, shut) == [None, None]
+    assert eyes.iris_gains(image, tgt.landmarks, image, tgt.landmarks, shut) == [None, None]

@@ -213,6 +213,7 @@ def full_resolution_layer(
     target_small: np.ndarray,
     direct_small: np.ndarray,
     skin_small: np.ndarray,
+    own_small: np.ndarray | None = None,
 ) -> np.ndarray:
     """The face layer (H, W, 3) float32 at ``target``'s full resolution (see module doc).
 
@@ -228,13 +229,23 @@ def full_resolution_layer(
         direct_small: (h, w) float32 in [0, 1], the layer's share of the direct
             source sample.
         skin_small: (h, w) float32, where the detail energies are measured (> 0.5).
+        own_small: (h, w) float32 in [0, 1] or None, what is kept of the target's
+            own features (its eye openings, its open mouth): the low-passed change
+            of the skin around them does not bleed into them.
     """
     size = target.size
     mx, my = full_maps(*target_maps, valid, target, target)
     warped = cv2.remap(target.full, mx, my, INTERPOLATION, borderMode=cv2.BORDER_REFLECT_101)
     layer: np.ndarray = warped.astype(np.float32)
-    change = low_pass(np.subtract(fused_small, target_small, dtype=np.float32), SPLIT_SIGMA)
-    layer += upsample(change, size)
+    change = upsample(low_pass(np.subtract(fused_small, target_small, dtype=np.float32),
+                               SPLIT_SIGMA), size)
+    if own_small is not None:
+        window = nonzero_window(own_small, target.ratio, size)
+        if window is not None:
+            x0, y0, x1, y1 = window
+            own = upsample_window(own_small, target.ratio, window)
+            change[y0:y1, x0:x1] *= (1.0 - own)[..., None]
+    layer += change
     # Off the mesh's inner part the source maps are undefined: no source detail
     # within a working pixel of the mesh's edge.
     inner = cv2.erode(valid.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(np.float32)

@@ -4,8 +4,10 @@ Inside the lid contours the layer is the target's (its opening, gaze, catchlight
 and lashes are expression and scene, and a squinting or side-glancing source
 squeezed into the target's opening reads as a cloudy, wandering eye). What the
 source gives there is the colour of its irises: a per-channel gain, measured at
-the working scale on the relit source and the target layers in the fused mesh's
-frame, applied at the layer's own scale to the target's iris pixels.
+the working scale (the source's iris inside its own lids' opening, the target's
+on its layer in the fused mesh's frame, each relative to the skin under its eye,
+so the source's comes in the target's light), applied at the layer's own scale to
+the target's iris pixels.
 
 Landmarks are (478, 3) float pixels with the iris points; images (h, w, 3)
 float32 0-255 in the frame of those landmarks.
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from facefuse.faces.align import similarity_transform
 from facefuse.fusion import mask as masks
 from facefuse.fusion.geometry import eye_groups
 
@@ -25,6 +26,12 @@ SAMPLE_RING = (0.45, 0.85)
 #: Fewest pixels of an iris (in the aperture) to measure its colour; a closed or
 #: nearly closed eye gives fewer, and the target's colour is kept there.
 MIN_SAMPLES = 12
+#: Annulus pixels at least this much darker than the skin under the eye (luma
+#: ratio) are iris: the lids, the sclera and the catchlights are brighter.
+IRIS_OF_SKIN = 0.5
+#: The skin under an eye that sets its light: (inset from the eye's left, from its
+#: right), (top, bottom) below its lower lid, in eye widths.
+UNDER_EYE = ((0.15, 0.15), (0.15, 0.45))
 #: Bounds of the per-channel gain (a blue iris made dark brown needs about 0.5 on
 #: blue, 1.5 on red).
 GAIN_RANGE = (0.4, 2.5)
@@ -58,56 +65,97 @@ def _box(lo: np.ndarray, hi: np.ndarray, reach: int, size: tuple[int, int]
     return None if x1 <= x0 or y1 <= y0 else (x0, y0, x1, y1)
 
 
-def _ring_median(image: np.ndarray, aperture: np.ndarray, centre: np.ndarray,
-                 radius: float) -> np.ndarray | None:
-    """Median colour (3,) of ``image`` on the iris annulus inside the aperture,
-    catchlights left out; None with fewer than :data:`MIN_SAMPLES` pixels. Only
-    the annulus's bounding box is read."""
-    box = _box(centre, centre, int(np.ceil(SAMPLE_RING[1] * radius)) + 1,
-               (image.shape[1], image.shape[0]))
+def _annulus(centre: np.ndarray, radius: float, size: tuple[int, int]
+             ) -> tuple[tuple[int, int, int, int], np.ndarray] | None:
+    """The iris annulus (:data:`SAMPLE_RING`) of an image of ``size`` (w, h): its
+    bounding box (x0, y0, x1, y1) and (h, w) bool over that box; None off the image."""
+    box = _box(centre, centre, int(np.ceil(SAMPLE_RING[1] * radius)) + 1, size)
     if box is None:
         return None
     x0, y0, x1, y1 = box
     d = _distance((y1 - y0, x1 - x0), centre - np.array([x0, y0]))
-    ring = ((d >= SAMPLE_RING[0] * radius) & (d <= SAMPLE_RING[1] * radius)
-            & (aperture[y0:y1, x0:x1] > 0.5))
-    pixels = image[y0:y1, x0:x1][ring]
-    if len(pixels) < MIN_SAMPLES:
+    return box, (d >= SAMPLE_RING[0] * radius) & (d <= SAMPLE_RING[1] * radius)
+
+
+def _iris_colour(image: np.ndarray, landmarks: np.ndarray, iris: tuple[int, ...],
+                 skin: np.ndarray, aperture: np.ndarray | None = None) -> np.ndarray | None:
+    """Median colour (3,) of ``image`` (h, w, 3) on an iris's annulus inside the lids'
+    opening (``aperture`` (h, w), or drawn from ``landmarks`` over the annulus's box
+    only), of the pixels darker than :data:`IRIS_OF_SKIN` × the luma of the ``skin``
+    (3,) under the eye: a lid over the iris (a squint the landmarks do not follow),
+    the sclera, the catchlights are not iris. None with fewer than
+    :data:`MIN_SAMPLES` of them: a closed or squinting eye, whose iris is not seen."""
+    found = _annulus(*_iris(landmarks, iris), (image.shape[1], image.shape[0]))
+    if found is None:
         return None
-    luma = pixels.mean(1)
-    pixels = pixels[luma <= HIGHLIGHT_RAMP[0] * np.median(luma)]
+    (x0, y0, x1, y1), ring = found
+    opening = (aperture[y0:y1, x0:x1] if aperture is not None else
+               masks.eyes_mask(landmarks - np.array([x0, y0, 0.0]), (0, 0, x1 - x0, y1 - y0)))
+    pixels = image[y0:y1, x0:x1][ring & (opening > 0.5)]
+    pixels = pixels[pixels.mean(1) < IRIS_OF_SKIN * float(skin.mean())]
     if len(pixels) < MIN_SAMPLES:
         return None
     out: np.ndarray = np.median(pixels, axis=0)
     return out
 
 
-def iris_gains(source_layer: np.ndarray, target_layer: np.ndarray, source_lm: np.ndarray,
+def _under_eye(image: np.ndarray, landmarks: np.ndarray, eye: tuple[int, ...]
+               ) -> np.ndarray | None:
+    """Median colour (3,) of the skin under an eye (:data:`UNDER_EYE`, in eye widths
+    below the lower lid); None off the image."""
+    pts = landmarks[list(eye), :2]
+    (ax, _), (bx, by) = pts.min(0), pts.max(0)
+    width = bx - ax
+    (left, right), (top, bottom) = UNDER_EYE
+    h, w = image.shape[:2]
+    x0, x1 = max(0, int(ax + left * width)), min(w, int(np.ceil(bx - right * width)))
+    y0, y1 = max(0, int(by + top * width)), min(h, int(np.ceil(by + bottom * width)))
+    if x1 - x0 < 2 or y1 - y0 < 2:
+        return None
+    out: np.ndarray = np.median(image[y0:y1, x0:x1].reshape(-1, 3), axis=0)
+    return out
+
+
+def iris_colour(image: np.ndarray, landmarks: np.ndarray,
+                eye: tuple[tuple[int, ...], tuple[int, ...]], aperture: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(iris, skin)``: the median colours (3,) of one eye's iris (see
+    :func:`_iris_colour`) and of the skin under it, in ``image`` (h, w, 3) with its
+    ``landmarks``; ``eye`` = (lid contour, iris) indices as
+    :func:`facefuse.fusion.geometry.eye_groups` gives them. None where the iris is
+    not seen or the skin is off the image."""
+    contour, iris = eye
+    skin = _under_eye(image, landmarks, contour)
+    found = None if skin is None else _iris_colour(image, landmarks, iris, skin, aperture)
+    return None if found is None or skin is None else (found, skin)
+
+
+def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_layer: np.ndarray,
                dst: np.ndarray, aperture: np.ndarray) -> list[np.ndarray | None]:
     """Per-channel gains (3,) taking the target's iris colour to the source's, for
     the image-left and image-right eyes (None: not measurable, keep the target's).
 
-    ``source_layer``/``target_layer`` (h, w, 3): the relit source and the target
-    warped onto the fused mesh ``dst``; ``aperture`` (h, w): the lids' openings of
-    ``dst``. The target's iris sits at ``dst``'s iris points (the eyes move rigidly);
-    the source's is carried there by the similarity of its eye contour onto
-    ``dst``'s.
+    ``source_image`` (h, w, 3) with its ``source_lm``: the source in its own frame,
+    where its iris is read inside its own lids' opening (a squinting source
+    stretched onto the target's opening shows its lids there). ``target_layer``
+    (h, w, 3): the target warped onto the fused mesh ``dst``, ``aperture`` (h, w):
+    ``dst``'s lids' openings (the eyes move rigidly). Each iris is taken relative to
+    the skin under its eye, so the source's comes in the target's light: the gain
+    is ``(src_iris / src_skin) / (tgt_iris / tgt_skin)``.
     """
     if len(source_lm) < 478 or len(dst) < 478:
         return [None, None]
     gains: list[np.ndarray | None] = []
     for (eye_s, iris_s), (eye_d, iris_d) in zip(eye_groups(source_lm), eye_groups(dst),
                                                 strict=True):
-        fit = similarity_transform(source_lm[list(eye_s), :2], dst[list(eye_d), :2])
-        centre_s, radius_s = _iris(source_lm, iris_s)
-        centre_s = fit[:, :2] @ centre_s + fit[:, 2]
-        radius_s *= float(np.sqrt(abs(np.linalg.det(fit[:, :2]))))
-        src = _ring_median(source_layer, aperture, centre_s, radius_s)
-        tgt = _ring_median(target_layer, aperture, *_iris(dst, iris_d))
+        src = iris_colour(source_image, source_lm, (eye_s, iris_s))
+        tgt = iris_colour(target_layer, dst, (eye_d, iris_d), aperture)
         if src is None or tgt is None:
             gains.append(None)
             continue
-        gains.append(np.clip((src + 1.0) / (tgt + 1.0), *GAIN_RANGE).astype(np.float32))
+        (iris_src, skin_src), (iris_tgt, skin_tgt) = src, tgt
+        ratio = ((iris_src + 1.0) * (skin_tgt + 1.0)) / ((iris_tgt + 1.0) * (skin_src + 1.0))
+        gains.append(np.clip(ratio, *GAIN_RANGE).astype(np.float32))
     return gains
 
 
