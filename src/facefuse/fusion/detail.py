@@ -237,15 +237,11 @@ def full_resolution_layer(
     mx, my = full_maps(*target_maps, valid, target, target)
     warped = cv2.remap(target.full, mx, my, INTERPOLATION, borderMode=cv2.BORDER_REFLECT_101)
     layer: np.ndarray = warped.astype(np.float32)
-    change = upsample(low_pass(np.subtract(fused_small, target_small, dtype=np.float32),
-                               SPLIT_SIGMA), size)
+    change = low_pass(np.subtract(fused_small, target_small, dtype=np.float32), SPLIT_SIGMA)
     if own_small is not None:
-        window = nonzero_window(own_small, target.ratio, size)
-        if window is not None:
-            x0, y0, x1, y1 = window
-            own = upsample_window(own_small, target.ratio, window)
-            change[y0:y1, x0:x1] *= (1.0 - own)[..., None]
-    layer += change
+        # (At the working scale: the kept features' masks are feathered, smooth.)
+        change *= (1.0 - own_small)[..., None]
+    layer += upsample(change, size)
     # Off the mesh's inner part the source maps are undefined: no source detail
     # within a working pixel of the mesh's edge.
     inner = cv2.erode(valid.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(np.float32)
