@@ -174,3 +174,37 @@ def layer_gains(
     if c_s is None or c_t is None:
         return np.ones((m, 3))
     return relight_gains(c_s, n_s, c_t, n_f)
+
+
+#: Pixels of the source darker than these shares of its skin's median luma (a
+#: ramp from the second to the first) are hair, lashes, nostrils, not skin: they
+#: keep their own hue when the skin takes the target's tone.
+DARK_HUE = (0.35, 0.6)
+#: BT.601 luma weights (RGB).
+_LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def keep_dark_hue(relit: np.ndarray, before: np.ndarray, skin: np.ndarray) -> None:
+    """Give the dark, non-skin pixels of a relit source layer their own hue back.
+
+    ``relit`` (h, w, 3) float32 (changed in place) is ``before`` (h, w, 3) float32
+    after the per-channel gains that give the source's skin the target's tone and
+    light; ``skin`` (h, w) > 0.5 where the skin's median luma is read. On brows,
+    lashes or stubble those gains are wrong (a dark source's brows on a fair
+    target turned blue-grey): pixels darker than :data:`DARK_HUE` of the skin take
+    the relit luma with their own chromaticity.
+    """
+    y_before = before @ _LUMA
+    inside = skin > 0.5
+    if not inside.any():
+        return
+    ref = float(np.median(y_before[::2, ::2][inside[::2, ::2]]))
+    lo, hi = DARK_HUE
+    dark = np.clip((hi * ref - y_before) / max(1e-3, (hi - lo) * ref), 0.0, 1.0)
+    x, y, w, h = cv2.boundingRect((dark > 0).view(np.uint8))
+    if w == 0 or h == 0:
+        return
+    box = (slice(y, y + h), slice(x, x + w))
+    r, b, d = relit[box], before[box], dark[box][..., None]
+    own = b * ((r @ _LUMA + 1.0) / (y_before[box] + 1.0))[..., None]
+    r += d * (own - r)

@@ -520,6 +520,8 @@ class ClassicSwapper:
                          target_layer, (mx_t, my_t), (mx_s, my_s), valid,
                          np.zeros(mask.shape, np.float32), mask, [None, None])
         source_layer = self.pixels.remap(src_img, mx_s, my_s)
+        # The source's own colours (before its relighting), for its dark pixels.
+        raw = source_layer.copy() if relight else None
         gains = None
         if relight:
             gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
@@ -548,21 +550,28 @@ class ClassicSwapper:
                 d, m = sym.combine(vis_d * inside, vis_d * sym.sample_field(soft, mx_s, my_s),
                                    uncovered, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m)
+                mirror_raw = mirror_layer.copy() if raw is not None else None
                 tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ,
                                      outline, prep.get("tone", lambda: sym.tone_colours(
                                          src_img, src_lm, eye_distance(src_lm), outline)))
                 mirror_layer *= self._gain_field(tone if gains is None else tone * gains,
                                                  mesh_dst, dst, (w, h))
                 source_layer = sym.mix(source_layer, d, mirror_layer, m)
+                if raw is not None and mirror_raw is not None:
+                    raw = sym.mix(raw, d, mirror_raw, m)
                 keep = d + m
             reject = 1.0 - keep
         np.copyto(source_layer, target_layer, where=outside)
+        if raw is not None:
+            np.copyto(raw, target_layer, where=outside)
         skin = (mask > 0.5).astype(np.float32)
         if reject is not None:
             skin *= 1.0 - reject
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
         source_layer = self.pixels.lighting(source_layer, target_layer, skin, sigma,
                                             LIGHTING_MAX_GAIN)
+        if raw is not None:
+            light.keep_dark_hue(source_layer, raw, skin)
         source_layer = match_sharpness(source_layer, target_layer, skin)
         alpha = np.full(mask.shape, w_tex, np.float32)
         if reject is not None:
