@@ -12,6 +12,7 @@ from facefuse.fusion import mask as masks
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_groups, openness
 from facefuse.fusion.types import FuseOptions
+from facefuse.toolchain.samples import SAMPLES
 from facefuse.toolchain.synthetic import squinting
 from facefuse.toolchain.trials import Sample
 
@@ -101,12 +102,15 @@ def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
     whose opening shows fewer than MIN_SAMPLES iris pixels."""
     img = np.zeros((8, 8, 3), np.float32)
     lm = np.zeros((468, 3))
-    assert eyes.iris_gains(img, lm, img, lm, np.zeros((8, 8), np.float32)) == [None, None]
-    tgt = samples["biden"]
-    image = tgt.image.astype(np.float32)
-    h, w = image.shape[:2]
-    opening = masks.eyes_mask(tgt.landmarks, (0, 0, w, h))
-    gains = eyes.iris_gains(image, tgt.landmarks, image, tgt.landmarks, opening)
-    assert all(g is not None and np.allclose(g, 1.0) for g in gains)
-    shut = np.zeros((h, w), np.float32)
-    assert eyes.iris_gains(image, tgt.landmarks, image, tgt.landmarks, shut) == [None, None]
+    assert eyes.iris_gains(img, lm, img, lm) == [None, None]
+    for name in SAMPLES:
+        face = samples[name]
+        image = face.image.astype(np.float32)
+        gains = eyes.iris_gains(image, face.landmarks, image, face.landmarks)
+        assert all(g is not None and np.allclose(g, 1.0) for g in gains), (name, gains)
+    tgt_lm = samples["biden"].landmarks
+    shut = tgt_lm.copy()
+    for contour, _ in eye_groups(tgt_lm):
+        shut[list(contour), 1] = tgt_lm[list(contour), 1].mean()  # the lids closed
+    image = samples["biden"].image.astype(np.float32)
+    assert eyes.iris_gains(image, shut, image, shut) == [None, None]

@@ -77,21 +77,22 @@ def _annulus(centre: np.ndarray, radius: float, size: tuple[int, int]
     return box, (d >= SAMPLE_RING[0] * radius) & (d <= SAMPLE_RING[1] * radius)
 
 
-def _iris_colour(image: np.ndarray, landmarks: np.ndarray, iris: tuple[int, ...],
-                 skin: np.ndarray, aperture: np.ndarray | None = None) -> np.ndarray | None:
+def _iris_colour(image: np.ndarray, landmarks: np.ndarray, eye: tuple[tuple[int, ...], ...],
+                 skin: np.ndarray) -> np.ndarray | None:
     """Median colour (3,) of ``image`` (h, w, 3) on an iris's annulus inside the lids'
-    opening (``aperture`` (h, w), or drawn from ``landmarks`` over the annulus's box
-    only), of the pixels darker than :data:`IRIS_OF_SKIN` × the luma of the ``skin``
-    (3,) under the eye: a lid over the iris (a squint the landmarks do not follow),
-    the sclera, the catchlights are not iris. None with fewer than
-    :data:`MIN_SAMPLES` of them: a closed or squinting eye, whose iris is not seen."""
+    opening (the lid contour of ``eye`` = (contour, iris), filled over the
+    annulus's box only: the same opening on both faces of a pair), of the pixels
+    darker than :data:`IRIS_OF_SKIN` × the luma of the ``skin`` (3,) under the eye:
+    a lid over the iris (a squint the landmarks do not follow), the sclera, the
+    catchlights are not iris. None with fewer than :data:`MIN_SAMPLES` of them: a
+    closed or squinting eye, whose iris is not seen."""
+    contour, iris = eye
     found = _annulus(*_iris(landmarks, iris), (image.shape[1], image.shape[0]))
     if found is None:
         return None
-    (x0, y0, x1, y1), ring = found
-    opening = (aperture[y0:y1, x0:x1] if aperture is not None else
-               masks.eyes_mask(landmarks - np.array([x0, y0, 0.0]), (0, 0, x1 - x0, y1 - y0)))
-    pixels = image[y0:y1, x0:x1][ring & (opening > 0.5)]
+    box, ring = found
+    x0, y0, x1, y1 = box
+    pixels = image[y0:y1, x0:x1][ring & masks.inside_contour(landmarks, contour, box)]
     pixels = pixels[pixels.mean(1) < IRIS_OF_SKIN * float(skin.mean())]
     if len(pixels) < MIN_SAMPLES:
         return None
@@ -117,29 +118,28 @@ def _under_eye(image: np.ndarray, landmarks: np.ndarray, eye: tuple[int, ...]
 
 
 def iris_colour(image: np.ndarray, landmarks: np.ndarray,
-                eye: tuple[tuple[int, ...], tuple[int, ...]], aperture: np.ndarray | None = None
+                eye: tuple[tuple[int, ...], tuple[int, ...]]
                 ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(iris, skin)``: the median colours (3,) of one eye's iris (see
     :func:`_iris_colour`) and of the skin under it, in ``image`` (h, w, 3) with its
     ``landmarks``; ``eye`` = (lid contour, iris) indices as
     :func:`facefuse.fusion.geometry.eye_groups` gives them. None where the iris is
     not seen or the skin is off the image."""
-    contour, iris = eye
-    skin = _under_eye(image, landmarks, contour)
-    found = None if skin is None else _iris_colour(image, landmarks, iris, skin, aperture)
+    skin = _under_eye(image, landmarks, eye[0])
+    found = None if skin is None else _iris_colour(image, landmarks, eye, skin)
     return None if found is None or skin is None else (found, skin)
 
 
 def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_layer: np.ndarray,
-               dst: np.ndarray, aperture: np.ndarray) -> list[np.ndarray | None]:
+               dst: np.ndarray) -> list[np.ndarray | None]:
     """Per-channel gains (3,) taking the target's iris colour to the source's, for
     the image-left and image-right eyes (None: not measurable, keep the target's).
 
     ``source_image`` (h, w, 3) with its ``source_lm``: the source in its own frame,
     where its iris is read inside its own lids' opening (a squinting source
     stretched onto the target's opening shows its lids there). ``target_layer``
-    (h, w, 3): the target warped onto the fused mesh ``dst``, ``aperture`` (h, w):
-    ``dst``'s lids' openings (the eyes move rigidly). Each iris is taken relative to
+    (h, w, 3): the target warped onto the fused mesh ``dst``, its iris inside
+    ``dst``'s lids' opening (the eyes move rigidly). Each iris is taken relative to
     the skin under its eye, so the source's comes in the target's light: the gain
     is ``(src_iris / src_skin) / (tgt_iris / tgt_skin)``.
     """
@@ -149,7 +149,7 @@ def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_layer: np
     for (eye_s, iris_s), (eye_d, iris_d) in zip(eye_groups(source_lm), eye_groups(dst),
                                                 strict=True):
         src = iris_colour(source_image, source_lm, (eye_s, iris_s))
-        tgt = iris_colour(target_layer, dst, (eye_d, iris_d), aperture)
+        tgt = iris_colour(target_layer, dst, (eye_d, iris_d))
         if src is None or tgt is None:
             gains.append(None)
             continue

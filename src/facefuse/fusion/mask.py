@@ -82,19 +82,48 @@ def _draw(
     return _draw_points(landmarks[list(idx), :2], region, pad)
 
 
+def inside_contour(landmarks: np.ndarray, idx: tuple[int, ...], region: Region) -> np.ndarray:
+    """(H, W) bool over ``region``: inside the polygon of mesh points ``idx`` (its
+    anti-aliased edge at half coverage), unsoftened."""
+    out: np.ndarray = _draw(landmarks, idx, region, 0) > 127
+    return out
+
+
+#: Masks blurred by at least this σ (pixels) are eroded and blurred at half size and
+#: upsampled: what survives such a blur survives the decimation.
+HALF_SIZE_SIGMA = 4.0
+
+
 def _soften(canvas: np.ndarray, erode_px: float, sigma: float, pad: int) -> np.ndarray:
+    h, w = canvas.shape[0] - 2 * pad, canvas.shape[1] - 2 * pad
+    full = canvas.shape[::-1]
+    step = 2 if sigma >= HALF_SIZE_SIGMA and min(canvas.shape) >= 32 else 1
+    if step > 1:
+        canvas = cv2.resize(canvas, ((full[0] + 1) // 2, (full[1] + 1) // 2),
+                            interpolation=cv2.INTER_AREA)
+        # Box decimation by 2 is itself a blur of about σ 0.5 (full pixels).
+        sigma = (sigma * sigma - 0.25) ** 0.5
     m: np.ndarray = canvas.astype(np.float32) / 255.0
-    r = round(erode_px)
+    # At half size the radius keeps its fraction, and the new edge is drawn
+    # anti-aliased from the distance (a whole-pixel threshold there would move it
+    # in steps of two full pixels). A pixel centre at distance d from its nearest
+    # opposite one lies d - 0.5 from the edge.
+    r = round(erode_px) / step
     # Erode / dilate by a disc of radius r through the Euclidean distance transform:
     # linear in the pixel count whatever the radius (a kernel is O(r²) per pixel).
     if r > 0:
         dist = cv2.distanceTransform((canvas > 127).astype(np.uint8), cv2.DIST_L2, 5)
-        m = np.where(dist > r, m, 0.0).astype(np.float32)
+        m = (np.where(dist > r, m, 0.0) if step == 1 else
+             np.clip(dist - r, 0.0, 1.0)).astype(np.float32)
     elif r < 0:
-        dist = cv2.distanceTransform((canvas <= 127).astype(np.uint8), cv2.DIST_L2, 5)
-        m = np.where(dist <= -r, 1.0, m).astype(np.float32)
-    m = cv2.GaussianBlur(m, (0, 0), sigmaX=sigma, sigmaY=sigma, borderType=cv2.BORDER_CONSTANT)
-    h, w = canvas.shape[0] - 2 * pad, canvas.shape[1] - 2 * pad
+        outside = canvas <= 127
+        dist = cv2.distanceTransform(outside.astype(np.uint8), cv2.DIST_L2, 5)
+        m = (np.where(dist <= -r, 1.0, m) if step == 1 else
+             np.where(outside, np.clip(1.0 - r - dist, 0.0, 1.0), m)).astype(np.float32)
+    m = cv2.GaussianBlur(m, (0, 0), sigmaX=sigma / step, sigmaY=sigma / step,
+                         borderType=cv2.BORDER_CONSTANT)
+    if step > 1:
+        m = cv2.resize(m, full, interpolation=cv2.INTER_LINEAR)
     out: np.ndarray = np.clip(m[pad:pad + h, pad:pad + w], 0.0, 1.0).astype(np.float32)
     return out
 

@@ -587,7 +587,7 @@ class ClassicSwapper:
             # and inner lips into a closed mouth. The target's closed lips stay.
             left *= 1.0 - SOURCE_OPEN_LIPS_KEEP * masks.lips_mask(dst, frame, feather)
         alpha *= left
-        iris_gains = eyes.iris_gains(src_img, src_lm, target_layer, dst, aperture)
+        iris_gains = eyes.iris_gains(src_img, src_lm, target_layer, dst)
         features = None
         if relight:
             # The target's own highlights are the scene's light on its face: kept.
