@@ -156,9 +156,11 @@ def _full_grid(size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def full_maps(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray, frame: Scaled,
-              source: Scaled) -> tuple[np.ndarray, np.ndarray]:
+              source: Scaled, window: tuple[int, int, int, int] | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """Working-scale remap coordinates (h, w) into ``source``'s working image, taken to
-    the full-resolution grid of ``frame`` and into ``source``'s full crop.
+    the full-resolution grid of ``frame`` and into ``source``'s full crop, over
+    ``window`` (x0, y0, x1, y1) of that grid (default the whole of it).
 
     The displacement from the identity is what is upsampled (the identity itself
     is exact at every scale), so where the map is the identity (``~valid``: off
@@ -172,8 +174,24 @@ def full_maps(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray, frame: Sc
     # The working coordinate in full source pixels minus this pixel's full position.
     dx = np.where(valid, (map_x + 0.5) / qx - 0.5 - gx, 0.0).astype(np.float32)
     dy = np.where(valid, (map_y + 0.5) / qy - 0.5 - gy, 0.0).astype(np.float32)
-    fx, fy = _full_grid(frame.size)
-    return fx + upsample(dx, frame.size), fy + upsample(dy, frame.size)
+    if window is None:
+        fx, fy = _full_grid(frame.size)
+        return fx + upsample(dx, frame.size), fy + upsample(dy, frame.size)
+    x0, y0, x1, y1 = window
+    fx = np.arange(x0, x1, dtype=np.float32)[None, :]
+    fy = np.arange(y0, y1, dtype=np.float32)[:, None]
+    return (fx + upsample_window(dx, frame.ratio, window),
+            fy + upsample_window(dy, frame.ratio, window))
+
+
+def _padded(window: tuple[int, int, int, int], pad: int, size: tuple[int, int]
+            ) -> tuple[int, int, int, int]:
+    """``window`` (x0, y0, x1, y1) grown by ``pad`` px within ``size`` (w, h), its
+    origin on even pixels: the detail's half-size low-passes and every-other-pixel
+    statistics then read the same pixels as over the whole region."""
+    x0, y0, x1, y1 = window
+    x0, y0 = max(0, x0 - pad), max(0, y0 - pad)
+    return x0 - x0 % 2, y0 - y0 % 2, min(size[0], x1 + pad), min(size[1], y1 + pad)
 
 
 def detail_gains(e_src: float, e_tgt: float, e_ref: float) -> tuple[float, float]:
@@ -234,8 +252,14 @@ def full_resolution_layer(
             of the skin around them does not bleed into them.
     """
     size = target.size
-    mx, my = full_maps(*target_maps, valid, target, target)
-    warped = cv2.remap(target.full, mx, my, INTERPOLATION, borderMode=cv2.BORDER_REFLECT_101)
+    # Off the mesh the maps are the identity: the target's own pixels, not resampled.
+    warped = target.full.copy()
+    moved = nonzero_window(valid.astype(np.float32), target.ratio, size)
+    if moved is not None:
+        x0, y0, x1, y1 = moved
+        mx, my = full_maps(*target_maps, valid, target, target, moved)
+        warped[y0:y1, x0:x1] = cv2.remap(target.full, mx, my, INTERPOLATION,
+                                         borderMode=cv2.BORDER_REFLECT_101)
     layer: np.ndarray = warped.astype(np.float32)
     change = low_pass(np.subtract(fused_small, target_small, dtype=np.float32), SPLIT_SIGMA)
     if own_small is not None:
@@ -245,31 +269,39 @@ def full_resolution_layer(
     # Off the mesh's inner part the source maps are undefined: no source detail
     # within a working pixel of the mesh's edge.
     inner = cv2.erode(valid.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(np.float32)
-    a = upsample(np.asarray(direct_small, np.float32) * inner, size)
-    if not a.any():
-        return layer
-    sx, sy = full_maps(*source_maps, valid, target, source)
-    src_y = cv2.remap(luma(source.full), sx, sy, INTERPOLATION,
-                      borderMode=cv2.BORDER_REFLECT_101)
-    where = upsample(np.asarray(skin_small, np.float32) * inner, size) > 0.5
-    if int(where.sum()) < MIN_SKIN_PIXELS:
+    direct = np.asarray(direct_small, np.float32) * inner
+    skin = np.asarray(skin_small, np.float32) * inner
+    shown = nonzero_window(np.maximum(direct, skin), target.ratio, size)
+    if shown is None or not direct.any():
         return layer
     split = SPLIT_SIGMA / min(target.ratio)
-    tgt_y = luma(warped)
-    detail = _matched_detail(src_y, tgt_y, luma(target.full), where, split)
+    # The detail bands are computed only where the source is shown or the skin read.
+    box = _padded(shown, int(np.ceil(3.0 * split)), size)
+    x0, y0, x1, y1 = box
+    where = upsample_window(skin, target.ratio, box) > 0.5
+    if int(where.sum()) < MIN_SKIN_PIXELS:
+        return layer
+    a = upsample_window(direct, target.ratio, box)
+    sx, sy = full_maps(*source_maps, valid, target, source, box)
+    src_y = cv2.remap(luma(source.full), sx, sy, INTERPOLATION,
+                      borderMode=cv2.BORDER_REFLECT_101)
+    warped_box = warped[y0:y1, x0:x1]
+    tgt_y = luma(warped_box)
+    detail = _matched_detail(src_y, tgt_y, luma(target.full[y0:y1, x0:x1]), where, split)
     # Smoothstep on the share: the feathered edges of what is kept from the target
     # (its lips, its eyes) take no source detail (teeth, lashes) half-way in.
     share = a * a * (3.0 - 2.0 * a)
     detail *= share
-    layer += detail[..., None]
+    out = layer[y0:y1, x0:x1]
+    out += detail[..., None]
     # The detail bands are luma: the target's colour above the split (a nostril's,
     # a mole's) would stay as a tinted ghost of it. Where the source is shown it goes.
-    colour = np.asarray(warped, np.float32) - tgt_y[..., None]
+    colour = np.asarray(warped_box, np.float32) - tgt_y[..., None]
     # (One Gaussian of the two bands' combined σ: the same low-pass as their cascade,
     # at half size.)
     colour -= low_pass(colour, float(np.hypot(FINE_SIGMA, split)))
     colour *= share[..., None]
-    layer -= colour
+    out -= colour
     return layer
 
 
