@@ -129,14 +129,15 @@ def _soften(canvas: np.ndarray, erode_px: float, sigma: float, pad: int) -> np.n
 
 
 def _feature_mask(landmarks: np.ndarray, contours: tuple[tuple[int, ...], ...], region: Region,
-                  erode_px: float, sigma: float, pad: int) -> np.ndarray:
+                  erode_px: float, sigma: float) -> np.ndarray:
     """Soft mask (H, W) float32 over ``region`` of the union of the filled mesh
     ``contours``, grown by ``-erode_px`` and blurred by ``sigma`` (see :func:`_soften`).
 
-    Only the contours' bounding box grown by ``pad`` pixels is drawn and softened
-    (``pad`` must cover the growth plus the blur's reach, 4 σ): a feature is a small
-    part of the face region, and outside that box the mask is exactly 0.
+    Only the contours' bounding box grown by the growth plus the blur's reach (4 σ)
+    is drawn and softened: a feature is a small part of the face region, and
+    outside that box the mask is exactly 0.
     """
+    pad = int(np.ceil(max(0.0, -erode_px) + 4.0 * sigma)) + 2
     x0, y0, x1, y1 = region
     out = np.zeros((y1 - y0, x1 - x0), np.float32)
     pts = landmarks[[i for idx in contours for i in idx], :2]
@@ -173,15 +174,14 @@ def mouth_open(landmarks: np.ndarray) -> bool:
 def lips_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
     """Soft mask (H, W) float32 of the mouth inside its outer-lip contour, open or not."""
     f = feather if feather is not None else feather_px(landmarks)
-    return _feature_mask(landmarks, (topo.LIPS_OUTER,), region, -0.1 * f, max(0.6, f / 4.0),
-                         int(np.ceil(2 * f)) + 2)
+    return _feature_mask(landmarks, (topo.LIPS_OUTER,), region, -0.1 * f, max(0.6, f / 4.0))
 
 
 def eyes_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
     """Soft mask (H, W) float32 of both eye openings (inside the lid contours)."""
     f = feather if feather is not None else feather_px(landmarks)
     return _feature_mask(landmarks, (topo.EYE_IMAGE_LEFT, topo.EYE_IMAGE_RIGHT), region,
-                         -0.1 * f, max(0.6, f / 6.0), int(np.ceil(2 * f)) + 2)
+                         -0.1 * f, max(0.6, f / 6.0))
 
 
 def features_mask(landmarks: np.ndarray, region: Region,
@@ -191,8 +191,7 @@ def features_mask(landmarks: np.ndarray, region: Region,
     f = feather if feather is not None else feather_px(landmarks)
     return _feature_mask(landmarks, (topo.EYE_IMAGE_LEFT, topo.EYE_IMAGE_RIGHT,
                                      topo.BROW_IMAGE_LEFT, topo.BROW_IMAGE_RIGHT,
-                                     topo.LIPS_OUTER), region, -0.25 * f, max(0.6, f / 6.0),
-                         int(np.ceil(2 * f)) + 2)
+                                     topo.LIPS_OUTER), region, -0.25 * f, max(0.6, f / 6.0))
 
 
 def boundary_band(mask: np.ndarray, low: float = 0.05, high: float = 0.95) -> np.ndarray:
