@@ -59,7 +59,7 @@ PAIRS = (("obama", "biden", "astronaut"), ("astronaut", "obama2", "obama"),
 
 
 #: The classic swapper's occluders without the regions (the "before").
-NO_REGIONS = FuseOptions(glasses=False, facial_hair=False)
+NO_REGIONS = FuseOptions(glasses=False, facial_hair="off")
 
 
 def crop(img: np.ndarray, s: Sample) -> np.ndarray:
