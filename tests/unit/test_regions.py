@@ -98,6 +98,27 @@ def test_facial_hair_is_found(samples: dict[str, Sample], kind: FacialHairKind) 
 
 
 @pytest.mark.parametrize("kind", ["beard", "moustache", "stubble"])
+def test_hair_on_one_side_only_is_not_facial_hair(samples: dict[str, Sample],
+                                                  kind: FacialHairKind) -> None:
+    """Facial hair grows on both sides of the face; a dark patch reaching the
+    philtrum or the chin from one side (a smile fold, a shaded jaw) is not it."""
+    for _, t, donor in PAIRS[:1] + PAIRS[2:]:  # the faces where it is found whole
+        s, d = samples[t], samples[donor]
+        hairy, _ = paste_facial_hair(s.image, s.landmarks, kind, d.image, d.landmarks)
+        img, lm, _ = _working(hairy, s.landmarks)
+        clean, _, _ = _working(s.image, s.landmarks)
+        assert regions.facial_hair_mask(img, lm).any(), (t, kind)
+        # The hair on one side of the midline (nose base to chin) only.
+        a, b = lm[2, :2], lm[152, :2]
+        yy, xx = np.mgrid[0:img.shape[0], 0:img.shape[1]]
+        left = (xx - a[0]) * (b[1] - a[1]) - (yy - a[1]) * (b[0] - a[0]) < 0
+        for side in (left, ~left):
+            half = img.copy()
+            half[side] = clean[side]
+            assert not regions.facial_hair_mask(half, lm).any(), (t, kind)
+
+
+@pytest.mark.parametrize("kind", ["beard", "moustache", "stubble"])
 def test_target_facial_hair_is_kept(fuser: FaceFuser, samples: dict[str, Sample],
                                     kind: FacialHairKind) -> None:
     """By default, and with the source's rejected too; not without the regions."""

@@ -9,14 +9,18 @@ where it can be, and judged as a region:
 * **Facial hair** (:func:`facial_hair_mask`): inside the beard zone (the upper
   lip, the chin and the jaw up the cheeks, from the mesh; the lips and nostrils
   cut out), pixels whose *chromaticity is greyer* than the face's own skin
-  (measured on the upper face, which a beard does not reach), or that are darker
-  than it *and* carry more fine, oriented texture energy (the structure tensor's
-  trace of the high-pass luma, relative to the upper face's) — shading is darker
-  but smooth and more saturated, hair is textured and less so. The pixels are
-  closed into regions (hair is strands with skin between); only regions that
-  cover a good part of the philtrum or the chin's middle are facial hair (it
-  grows there; smile folds and jaw shading lie to the sides), and all of them
-  together must exceed :data:`MIN_HAIR_AREA` of the face.
+  (measured on the upper face, which a beard does not reach, each side of the
+  face against its own side's skin: a face lit from one side has a darker,
+  greyer half), or that are darker than it *and* carry more fine, oriented
+  texture energy (the structure tensor's trace of the high-pass luma, relative
+  to the upper face's) — shading is darker but smooth and more saturated, hair
+  is textured and less so. The pixels are closed into regions (hair is strands
+  with skin between); only regions that cover a good part of the philtrum or
+  the chin's middle, on both sides of the midline, are facial hair (it grows
+  there, on both sides; a smile fold or a shaded jaw lies on one, and the
+  shadow under the nose is too small), and all of them together must exceed
+  :data:`MIN_HAIR_AREA` of the face. Only the lower face's box is examined, at
+  no more than :data:`HAIR_EYE_PX`.
 * **Glasses** (:func:`glasses_mask`): thin dark ridges (a morphological
   black-hat, wider than a frame and narrower than a brow) in a ring around each
   eye, over the nose bridge and out to the temples, kept only as connected curves
@@ -24,7 +28,7 @@ where it can be, and judged as a region:
   or a lid crease does not); within the rims found, bright and grey lens
   reflections join the mask.
 
-:func:`face_regions` is the union, on the face's crop, at the scale of the
+:func:`face_occluders` is the union, on the face's crop, at the scale of the
 occluder masks (:func:`facefuse.fusion.occlusion.occluder_mask` with regions).
 
 Images (H, W, 3) RGB uint8 or float 0..255; landmarks (N, 3) pixels in the same
@@ -66,16 +70,26 @@ HAIR_EYE_PX = 96.0
 #: HAIR_BOX_MARGIN eye distances (the blurs' and closings' reach).
 HAIR_BOX_TOP = 0.1
 HAIR_BOX_MARGIN = 0.1
-#: Facial-hair regions smaller than this share of the face's area are dropped.
+#: Facial-hair regions smaller than this share of the face's area are dropped
+#: (specks of shading; the moustaches found cover 4% and more).
 MIN_HAIR_AREA = 0.015
 #: The philtrum (the upper lip's middle) and the chin's middle: |side| below
-#: CORE_SIDE, the chin's from CHIN_CORE down. A facial-hair region must cover at
-#: least CORE_COVER of one of them.
+#: CORE_SIDE, the chin's from CHIN_CORE down (see :func:`_cores`). A facial-hair
+#: region must cover at least CORE_COVER of one of their parts ...
 CORE_SIDE = 0.3
 CHIN_CORE = 1.2
 CORE_COVER = 0.3
-#: ... and together at least HALF_COVER of each half of it (either side of the midline).
-HALF_COVER = 0.2
+#: ... and together at least PART_COVER of each of its three parts (either side
+#: of the midline beyond CORE_INNER, and its middle) and CORE_MEAN_COVER of them
+#: on average (the parts' edges: a region reaches a little past where it ends,
+#: through the features' blur and the closing).
+PART_COVER = 0.3
+CORE_MEAN_COVER = 0.6
+CORE_INNER = 0.12
+#: The face's midline over the philtrum (nose base, upper lip's middle) and the
+#: chin (lower lip's middle, chin): mesh vertices.
+_PHILTRUM_LINE = (topo.NOSE_BASE, 0)
+_CHIN_LINE = (17, topo.CHIN)
 #: Upper-lip polygon between the nostrils and the outer upper lip.
 _UPPER_LIP = (98, 2, 327, 291, 409, 270, 269, 267, 0, 37, 39, 40, 185, 61)
 
@@ -307,29 +321,57 @@ def _face_area(lm: np.ndarray) -> float:
 
 
 def _cores(lm: np.ndarray, frame: _Frame, zone: np.ndarray) -> list[tuple[np.ndarray, ...]]:
-    """The places facial hair grows over, each as its two halves ((H, W) bool) on
-    either side of the face's midline: the philtrum (the upper lip's middle,
-    |side| < :data:`CORE_SIDE`) and the chin's middle (from :data:`CHIN_CORE` down)."""
-    mid = frame.midline
-    middle = zone & (np.abs(frame.s) < CORE_SIDE)
-    lip = middle & _upper_lip(lm, zone.shape)
-    chin = middle & (frame.t > CHIN_CORE)
-    return [(c & (mid < 0), c & (mid >= 0)) for c in (lip, chin)]
+    """The places facial hair grows over, each as three parts ((H, W) bool): one
+    side of the face's midline there (beyond :data:`CORE_INNER`), its middle,
+    the other side — the midline through the nose base and the upper lip's
+    middle, or the lower lip's middle and the chin. They are the philtrum (the
+    lower half of the upper lip's skin, within :data:`CORE_SIDE` of the
+    midline) and the chin's middle (from :data:`CHIN_CORE` down)."""
+    _, _, _, _, half, _ = frame.axes
+    # The lower half of the upper lip's skin, above the lip line: a moustache
+    # covers it, the shadow under the nose and a smile's folds (beside the
+    # mouth) do not.
+    lip = zone & _upper_lip(lm, zone.shape)
+    if lip.any():
+        lip &= frame.t > np.median(frame.t[lip])
+    chin = zone & (frame.t > CHIN_CORE)
+    out: list[tuple[np.ndarray, ...]] = []
+    for core, (a, b) in ((lip, _PHILTRUM_LINE), (chin, _CHIN_LINE)):
+        side = _across_line(lm[a, :2], lm[b, :2], zone.shape) / np.float32(half)
+        core = core & (np.abs(side) < CORE_SIDE)
+        out.append((core & (side < -CORE_INNER), core & (np.abs(side) <= CORE_INNER),
+                    core & (side > CORE_INNER)))
+    return out
 
 
-def _covering(labels: np.ndarray, n: int, halves: tuple[np.ndarray, ...]) -> np.ndarray:
+def _across_line(a: np.ndarray, b: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(H, W) float32: signed distance (pixels) of each pixel from the line through
+    points ``a`` and ``b`` (2,)."""
+    d = (b - a) / max(1e-6, float(np.linalg.norm(b - a)))
+    px = np.arange(shape[1], dtype=np.float32) - np.float32(a[0])
+    py = np.arange(shape[0], dtype=np.float32)[:, None] - np.float32(a[1])
+    out: np.ndarray = px * np.float32(d[1]) - py * np.float32(d[0])
+    return out
+
+
+def _covering(labels: np.ndarray, n: int, parts: tuple[np.ndarray, ...]) -> np.ndarray:
     """(n,) bool: the regions of ``labels`` that are facial hair over a core given
-    as its two ``halves``: those that cover :data:`CORE_COVER` of a half, kept
-    only when together they cover that much of both halves (hair grows on both
-    sides of the midline; a smile fold or a shadow lies on one)."""
+    as its ``parts`` (one side of the midline, its middle, the other side): those
+    that cover :data:`CORE_COVER` of a part, kept only when together they cover
+    :data:`PART_COVER` of each part and :data:`CORE_MEAN_COVER` on average (hair
+    grows across the midline; a smile fold or a shaded jaw lies to one side, a
+    smile's two folds leave much of the middle bare)."""
     keep = np.zeros(n, bool)
-    sizes = [int(h.sum()) for h in halves]
+    sizes = [int(p.sum()) for p in parts]
     if min(sizes) < 2:
         return keep
-    counts = [np.bincount(labels[h], minlength=n) for h in halves]
-    cand = (counts[0] + counts[1]) >= CORE_COVER * sum(sizes)
+    counts = [np.bincount(labels[p], minlength=n) for p in parts]
+    cand = np.zeros(n, bool)
+    for c, z in zip(counts, sizes, strict=True):
+        cand |= c >= CORE_COVER * z
     cand[0] = False
-    if all(float(c[cand].sum()) >= HALF_COVER * z for c, z in zip(counts, sizes, strict=True)):
+    cover = [float(c[cand].sum()) / z for c, z in zip(counts, sizes, strict=True)]
+    if min(cover) >= PART_COVER and sum(cover) >= 3 * CORE_MEAN_COVER:
         keep = cand
     return keep
 
