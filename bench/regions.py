@@ -222,7 +222,7 @@ def main() -> None:
              "takes off the clean-shaven target's beard zone (against fusing the clean source);",
              "vs target: grey levels that zone ends darker than the target's own.",
              "",
-             f"Machine: {machine_line(machine())} (shared with other work).", "",
+             f"{machine_line(machine())} (shared with other work).", "",
              "| trial | kept " + " / ".join(labels) + " | leaked " + " / ".join(labels)
              + " | dark " + " / ".join(labels) + " | vs target " + " / ".join(labels) + " |",
              "|---|---|---|---|---|"]
