@@ -84,7 +84,7 @@ CORE_COVER = 0.3
 #: on average (the parts' edges: a region reaches a little past where it ends,
 #: through the features' blur and the closing).
 PART_COVER = 0.3
-CORE_MEAN_COVER = 0.6
+CORE_MEAN_COVER = 0.63
 CORE_INNER = 0.12
 #: The face's midline over the philtrum (nose base, upper lip's middle) and the
 #: chin (lower lip's middle, chin): mesh vertices.
