@@ -1,4 +1,4 @@
-"""Benchmark: facial hair and glasses as regions, before/after in one run.
+"""Benchmark: facial hair and glasses as regions, three settings in one run.
 
 On realistic variants of the sample photos (real scalp hair transplanted as a
 beard, moustache or stubble; clear glasses of real darkened pixels with lens
@@ -9,16 +9,23 @@ reflections: ``facefuse.toolchain.synthetic``), fused at degree 100:
   and the darkening (grey levels) it leaves on the clean-shaven target's beard
   zone; the source's frames leaked (``occluder_leak``; goal ≤ 0.05).
 
-"Before" is the colour-outlier occluder mask alone (options `glasses` and
-`facial_hair` off), "after" the occluder mask with both regions.
+Settings: "off" is the colour-outlier occluder mask alone (options `glasses`
+off and `facial_hair="off"`); "default" the defaults (glasses both sides, the
+target's facial hair only); "both" facial hair on both sides too.
+
+It also looks for regions on faces that have none: every sample native,
+mirrored, tilted ±12° and relit, and the faces of side-by-side group photos of
+three samples at 400-1200 px high, each at the classic swapper's working scale
+(goal: 0 faces with a region); and times the facial-hair finder there (CPU
+time per face).
 
     .venv/bin/python bench/regions.py [--sheets PREFIX]
 
 Writes bench/results/regions.json and the "regions" section of BENCHMARKS.md;
 ``--sheets`` also writes, per pair, 1:1 crops of the target's face: top row the
-target wearing a beard, stubble, metal glasses fused (before, after each);
+target wearing a beard, stubble, metal glasses fused (off, default, both each);
 bottom row the clean-shaven, glasses-free target fused with a source wearing
-them (before, after each).
+them (off, default, both each).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +43,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
+from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
@@ -49,6 +59,7 @@ from facefuse.toolchain.trials import (
     glasses_leak_trial,
     glasses_survival_trial,
 )
+from realism import VARIANTS, variant
 from report import machine, machine_line, publish, write_json
 
 #: (source, target, donor of the hair or frame pixels): every identity in each role;
@@ -58,8 +69,16 @@ PAIRS = (("obama", "biden", "astronaut"), ("astronaut", "obama2", "obama"),
          ("biden", "astronaut", "obama"), ("obama2", "obama3", "astronaut"))
 
 
-#: The classic swapper's occluders without the regions (the "before").
-NO_REGIONS = FuseOptions(glasses=False, facial_hair=False)
+#: The classic swapper's occluders without the regions, the defaults, and facial
+#: hair rejected from the source too.
+SETTINGS = {"off": FuseOptions(glasses=False, facial_hair="off"), "default": FuseOptions(),
+            "both": REGIONS}
+#: Side-by-side group photos (sample names, left to right) and their heights (px).
+GROUPS = (("biden", "obama2", "obama3"), ("obama", "astronaut", "biden"),
+          ("obama2", "obama", "obama3"))
+GROUP_HEIGHTS = (400, 600, 800, 1000, 1200)
+#: The classic swapper's working eye distance for targets (pixels).
+WORK_EYE = 96.0
 
 
 def crop(img: np.ndarray, s: Sample) -> np.ndarray:
@@ -79,7 +98,7 @@ def run(fuser: FaceFuser, samples: dict[str, Sample], sheets: Path | None) -> di
         leak_row: list[np.ndarray] = []
         for kind in FACIAL_HAIR_KINDS:
             res: dict[str, Any] = {}
-            for label, opts in (("before", NO_REGIONS), ("after", REGIONS)):
+            for label, opts in SETTINGS.items():
                 kept, out_k = facial_hair_survival_trial(fuser, s, t, kind, dn, opts)
                 leak, dark, against, out_l = facial_hair_leak_trial(fuser, s, t, kind, dn, opts)
                 res[label] = {"kept": kept, "leaked": leak, "darkening": dark,
@@ -90,7 +109,7 @@ def run(fuser: FaceFuser, samples: dict[str, Sample], sheets: Path | None) -> di
             rows[f"{src}->{tgt} {kind} ({donor})"] = res
         for frame in FRAME_KINDS:
             res = {}
-            for label, opts in (("before", NO_REGIONS), ("after", REGIONS)):
+            for label, opts in SETTINGS.items():
                 kept, out_k = glasses_survival_trial(fuser, s, t, frame, dn, opts)
                 leak, out_l = glasses_leak_trial(fuser, s, t, frame, dn, opts)
                 res[label] = {"kept": kept, "leaked": leak}
@@ -103,6 +122,68 @@ def run(fuser: FaceFuser, samples: dict[str, Sample], sheets: Path | None) -> di
             cv2.imwrite(str(path), cv2.cvtColor(_sheet([kept_row, leak_row]), cv2.COLOR_RGB2BGR))
         print(src, tgt, "done", flush=True)
     return rows
+
+
+def group_photo(images: dict[str, np.ndarray], names: tuple[str, ...],
+                height: int) -> tuple[np.ndarray, np.ndarray]:
+    """The named samples side by side at one ``height`` and the right edge (px) of each."""
+    tiles = [cv2.resize(images[n], (round(images[n].shape[1] * height / images[n].shape[0]),
+                                    height), interpolation=cv2.INTER_AREA) for n in names]
+    return (np.ascontiguousarray(np.concatenate(tiles, axis=1)),
+            np.cumsum([x.shape[1] for x in tiles]))
+
+
+def clean_faces(analyser: FaceAnalyser,
+                images: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(label, image, landmarks) of every face without a beard or glasses: each
+    sample's variants and the group photos' faces, each cropped round the face and
+    at the swapper's working scale."""
+    out = []
+    for name, img in images.items():
+        for v in VARIANTS:
+            im = variant(img, v)
+            lm = analyser.analyse(im, embed=False)[0].landmarks
+            out.append((f"{name} {v}", *_working(im, lm)))
+    for names in GROUPS:
+        for height in GROUP_HEIGHTS:
+            im, edges = group_photo(images, names, height)
+            for f in analyser.analyse(im, embed=False):
+                who = names[int(np.searchsorted(edges, f.landmarks[:, 0].mean()))]
+                out.append((f"group {'/'.join(names)} at {height} px: {who}",
+                            *_working(im, f.landmarks)))
+    return out
+
+
+def _working(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The face's neighbourhood at the swapper's working scale, and its mesh there."""
+    pad = 0.4 * float(np.ptp(lm[:, 0]))
+    x0, y0 = np.maximum(0, np.floor(lm[:, :2].min(0) - pad)).astype(int)
+    x1, y1 = np.ceil(lm[:, :2].max(0) + pad).astype(int)
+    crop = np.ascontiguousarray(image[y0:y1, x0:x1])
+    s = min(1.0, WORK_EYE / eye_distance(lm))
+    small = cv2.resize(crop, None, fx=s, fy=s, interpolation=cv2.INTER_AREA)
+    local = lm - np.array([x0, y0, 0.0])
+    local[:, :3] *= s
+    return small, local
+
+
+def false_regions(faces: list[tuple[str, np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """Faces where a region is found though none is worn, and the facial-hair
+    finder's CPU time per face (ms, median over three calls each)."""
+    hair, glasses, ms = [], [], []
+    for label, img, lm in faces:
+        times = []
+        for _ in range(3):
+            t0 = time.process_time()
+            found = occlusion.on_face_crop(img, lm, regions.facial_hair_mask)
+            times.append(time.process_time() - t0)
+        ms.append(1000.0 * statistics.median(times))
+        if found.any():
+            hair.append(label)
+        if occlusion.on_face_crop(img, lm, regions.glasses_mask).any():
+            glasses.append(label)
+    return {"faces": len(faces), "hair": hair, "glasses": glasses,
+            "hair_ms_median": statistics.median(ms), "hair_ms_max": max(ms)}
 
 
 def _sheet(rows: list[list[np.ndarray]]) -> np.ndarray:
@@ -126,33 +207,49 @@ def main() -> None:
     fuser = FaceFuser(settings, analyser)
     samples = {n: Sample(img, analyser.analyse(img, embed=False))
                for n, img in ((n, decode_image(p)) for n, p in paths.items())}
+    clean = false_regions(clean_faces(analyser, {n: s.image for n, s in samples.items()}))
     rows = run(fuser, samples, args.sheets)
-    write_json("regions", {"machine": machine(), "rows": rows})
+    write_json("regions", {"machine": machine(), "rows": rows, "clean": clean})
+    labels = list(SETTINGS)
     lines = ["## regions", "",
              "Facial hair and clear glasses on realistic variants (real scalp hair as a beard,",
              "moustache or stubble; frames of real darkened pixels with lens reflections), degree",
-             "100. Before: the colour-outlier occluder mask alone; after: with the regions.",
-             "kept: share of the target's hair/frame pixels unchanged (goal ≥ 0.95); leaked:",
-             "share of the source's that reaches the output (goal ≤ 0.05); dark: grey levels the",
-             "source's hair takes off the clean-shaven target's beard zone (against fusing the",
-             "clean source); vs target: grey levels that zone ends darker than the target's own.",
+             "100, three settings: off (the colour-outlier occluder mask alone), default (glasses",
+             "on both sides, the target's facial hair only), both (facial hair rejected from the",
+             "source too). kept: share of the target's hair/frame pixels unchanged (goal ≥ 0.95);",
+             "leaked: share of the source's that reaches the output (goal ≤ 0.05; by default a",
+             "source's facial hair is carried, by design); dark: grey levels the source's hair",
+             "takes off the clean-shaven target's beard zone (against fusing the clean source);",
+             "vs target: grey levels that zone ends darker than the target's own.",
              "",
-             f"Machine: {machine_line(machine())} (shared with other work).", "",
-             "| trial | kept before | kept after | leaked before | leaked after "
-             "| dark before | dark after | vs target before | vs target after |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"{machine_line(machine())} (shared with other work).", "",
+             "| trial | kept " + " / ".join(labels) + " | leaked " + " / ".join(labels)
+             + " | dark " + " / ".join(labels) + " | vs target " + " / ".join(labels) + " |",
+             "|---|---|---|---|---|"]
     for name, r in rows.items():
-        b, a = r["before"], r["after"]
-        dark = (f"{b['darkening']:.1f} | {a['darkening']:.1f} | "
-                f"{b['darker_than_target']:.1f} | {a['darker_than_target']:.1f}"
-                if "darkening" in b else "– | – | – | –")
-        lines.append(f"| {name} | {b['kept']:.2f} | {a['kept']:.2f} | {b['leaked']:.3f} "
-                     f"| {a['leaked']:.3f} | {dark} |")
-    for label in ("before", "after"):
-        kept = [r[label]["kept"] for r in rows.values()]
-        leak = [r[label]["leaked"] for r in rows.values()]
-        lines.append(f"\n{label}: kept median {statistics.median(kept):.2f} worst {min(kept):.2f};"
-                     f" leaked median {statistics.median(leak):.3f} worst {max(leak):.3f}")
+        kept = " / ".join(f"{r[k]['kept']:.2f}" for k in labels)
+        leak = " / ".join(f"{r[k]['leaked']:.3f}" for k in labels)
+        dark = " | ".join(" / ".join(f"{r[k][m]:.1f}" for k in labels)
+                          for m in ("darkening", "darker_than_target")
+                          ) if "darkening" in r["off"] else "– | –"
+        lines.append(f"| {name} | {kept} | {leak} | {dark} |")
+    lines.append("")
+    for label in labels:
+        for what, pick in (("facial hair", lambda n: "glasses" not in n),
+                           ("glasses", lambda n: "glasses" in n)):
+            sel = [r[label] for n, r in rows.items() if pick(n)]
+            kept = [x["kept"] for x in sel]
+            leak = [x["leaked"] for x in sel]
+            lines.append(f"- {label}, {what}: kept median {statistics.median(kept):.2f} worst "
+                         f"{min(kept):.2f}; leaked median {statistics.median(leak):.3f} worst "
+                         f"{max(leak):.3f}")
+    lines += ["", f"Faces without a beard or glasses ({clean['faces']}: the samples native, "
+              "mirrored, tilted ±12° and relit, and the faces of side-by-side group photos of "
+              "three at 400-1200 px), at the working scale: facial hair found on "
+              f"{len(clean['hair'])} ({', '.join(clean['hair']) or 'none'}), glasses on "
+              f"{len(clean['glasses'])} ({', '.join(clean['glasses']) or 'none'}). The "
+              f"facial-hair finder takes {clean['hair_ms_median']:.1f} ms CPU time per face "
+              f"(median; at most {clean['hair_ms_max']:.1f})."]
     publish("regions", lines)
 
 

@@ -193,6 +193,9 @@ def _add_fuse_option_flags(parser: argparse._ActionsContainer) -> None:
         else:
             base = next((a for a in get_args(hint) if a is not type(None)), hint)
             kw["type"] = base
+        if spec.cli_bare is not None:
+            kw["nargs"], kw["const"] = "?", spec.cli_bare
+            kw["help"] += f"; the bare flag: {spec.cli_bare}"
         if spec.metavar:
             kw["metavar"] = spec.metavar
         parser.add_argument(spec.cli, **kw)

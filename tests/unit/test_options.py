@@ -42,7 +42,7 @@ def test_the_http_schema_is_the_declaration() -> None:
 def test_every_http_option_reaches_the_fusion_options() -> None:
     changed = {"degree": 40.0, "shape": 10.0, "texture": 90.0, "mode": "many",
                "blend": "alpha", "relight": False, "reject_source_occluders": False,
-               "keep_target_occluders": False, "symmetric_fill": False, "facial_hair": True,
+               "keep_target_occluders": False, "symmetric_fill": False, "facial_hair": "off",
                "glasses": False, "min_face_size": 60.0}
     assert set(changed) | {"target_face_index"} == {f.name for f, s in option_specs() if s.http}
     assert FuseParams.model_validate(changed).options() == FuseOptions(**changed)  # type: ignore[arg-type]
@@ -78,6 +78,30 @@ def test_bad_and_contradictory_options_are_typed_errors(bad: dict[str, object],
     with pytest.raises(InvalidArgumentError) as exc:
         FuseOptions(**bad)  # type: ignore[arg-type]  # wrong values on purpose
     assert exc.value.code == code
+
+
+def test_facial_hair_is_a_choice_that_takes_the_old_booleans() -> None:
+    """target by default; true/false (the option's old spelling) read as both/off,
+    in the library, over HTTP (JSON and multipart strings) and on the CLI."""
+    assert FuseOptions().facial_hair == "target"
+    for old, new in ((True, "both"), (False, "off"), ("true", "both"), ("false", "off")):
+        if isinstance(old, bool):
+            assert FuseOptions(facial_hair=old) == FuseOptions(facial_hair=new)  # type: ignore[arg-type]
+        assert FuseParams.model_validate({"facial_hair": old}).options().facial_hair == new
+    sides = {m: (FuseOptions(facial_hair=m).finds_facial_hair(source=True),
+                 FuseOptions(facial_hair=m).finds_facial_hair(source=False))
+             for m in ("target", "both", "off")}
+    assert sides == {"target": (False, True), "both": (True, True), "off": (False, False)}
+
+    def cli(*flags: str) -> str:
+        args = build_parser().parse_args(["fuse", "s.jpg", "t.jpg", "-o", "o.jpg", *flags])
+        return _fuse_options(args).facial_hair
+
+    assert (cli(), cli("--facial-hair"), cli("--facial-hair", "off")) == ("target", "both", "off")
+    for bad in ("beard", 1, None):
+        with pytest.raises(InvalidArgumentError) as exc:
+            FuseOptions(facial_hair=bad)  # type: ignore[arg-type]
+        assert exc.value.code == "invalid_facial_hair"
 
 
 def test_numpy_numbers_are_numbers() -> None:

@@ -25,7 +25,7 @@ def faces(analyser: FaceAnalyser, sample_images: dict[str, np.ndarray]) -> dict[
 
 @pytest.mark.parametrize(("source", "target", "options"), [
     ("biden", "obama", FuseOptions()),
-    ("obama3", "biden", FuseOptions(glasses=True, facial_hair=True)),
+    ("obama3", "biden", FuseOptions(glasses=True, facial_hair="both")),
     ("astronaut", "obama2", FuseOptions(degree=0.6, evaluate=False)),
 ])
 def test_a_cached_render_is_the_uncached_render(

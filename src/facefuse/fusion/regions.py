@@ -9,14 +9,18 @@ where it can be, and judged as a region:
 * **Facial hair** (:func:`facial_hair_mask`): inside the beard zone (the upper
   lip, the chin and the jaw up the cheeks, from the mesh; the lips and nostrils
   cut out), pixels whose *chromaticity is greyer* than the face's own skin
-  (measured on the upper face, which a beard does not reach), or that are darker
-  than it *and* carry more fine, oriented texture energy (the structure tensor's
-  trace of the high-pass luma, relative to the upper face's) — shading is darker
-  but smooth and more saturated, hair is textured and less so. The pixels are
-  closed into regions (hair is strands with skin between); only regions that
-  cover a good part of the philtrum or the chin's middle are facial hair (it
-  grows there; smile folds and jaw shading lie to the sides), and all of them
-  together must exceed :data:`MIN_HAIR_AREA` of the face.
+  (measured on the upper face, which a beard does not reach, each side of the
+  face against its own side's skin: a face lit from one side has a darker,
+  greyer half), or that are darker than it *and* carry more fine, oriented
+  texture energy (the structure tensor's trace of the high-pass luma, relative
+  to the upper face's) — shading is darker but smooth and more saturated, hair
+  is textured and less so. The pixels are closed into regions (hair is strands
+  with skin between); only regions that cover a good part of the philtrum or
+  the chin's middle, on both sides of the midline, are facial hair (it grows
+  there, on both sides; a smile fold or a shaded jaw lies on one, and the
+  shadow under the nose is too small), and all of them together must exceed
+  :data:`MIN_HAIR_AREA` of the face. Only the lower face's box is examined, at
+  no more than :data:`HAIR_EYE_PX`.
 * **Glasses** (:func:`glasses_mask`): thin dark ridges (a morphological
   black-hat, wider than a frame and narrower than a brow) in a ring around each
   eye, over the nose bridge and out to the temples, kept only as connected curves
@@ -24,7 +28,7 @@ where it can be, and judged as a region:
   or a lid crease does not); within the rims found, bright and grey lens
   reflections join the mask.
 
-:func:`face_regions` is the union, on the face's crop, at the scale of the
+:func:`face_occluders` is the union, on the face's crop, at the scale of the
 occluder masks (:func:`facefuse.fusion.occlusion.occluder_mask` with regions).
 
 Images (H, W, 3) RGB uint8 or float 0..255; landmarks (N, 3) pixels in the same
@@ -49,6 +53,8 @@ BEARD_TOP = 0.62
 BEARD_TOP_RISE = 0.3
 #: Skin reference vertices lie above this height (eyes 0, mouth 1).
 UPPER_FACE = 0.55
+#: Each side of the face needs this many of them for a reference of its own.
+SIDE_VERTICES = 6
 #: A pixel greyer than the skin by this share of the way to grey is hair.
 HAIR_GREYER = 0.3
 #: ... or darker by this much (natural log of the luma ratio) and this much more
@@ -60,22 +66,73 @@ HAIR_TEXTURE = 1.0
 LIP_MARGIN = 0.01
 #: Facial hair is looked for at no more than this eye distance (pixels).
 HAIR_EYE_PX = 96.0
-#: Facial-hair regions smaller than this share of the face's area are dropped.
-MIN_HAIR_AREA = 0.006
+#: ... on the box of the face below this height (eyes 0, mouth 1), grown by
+#: HAIR_BOX_MARGIN eye distances (the blurs' and closings' reach).
+HAIR_BOX_TOP = 0.1
+HAIR_BOX_MARGIN = 0.1
+#: Facial-hair regions smaller than this share of the face's area are dropped
+#: (specks of shading; the moustaches found cover 4% and more).
+MIN_HAIR_AREA = 0.015
 #: The philtrum (the upper lip's middle) and the chin's middle: |side| below
-#: CORE_SIDE, the chin's from CHIN_CORE down. A facial-hair region must cover at
-#: least CORE_COVER of one of them.
+#: CORE_SIDE, the chin's from CHIN_CORE down (see :func:`_cores`). A facial-hair
+#: region must cover at least CORE_COVER of one of their parts ...
 CORE_SIDE = 0.3
 CHIN_CORE = 1.2
 CORE_COVER = 0.3
+#: ... and together at least PART_COVER of each of its three parts (either side
+#: of the midline beyond CORE_INNER, and its middle) and CORE_MEAN_COVER of them
+#: on average (the parts' edges: a region reaches a little past where it ends,
+#: through the features' blur and the closing).
+PART_COVER = 0.3
+CORE_MEAN_COVER = 0.63
+CORE_INNER = 0.12
+#: The face's midline over the philtrum (nose base, upper lip's middle) and the
+#: chin (lower lip's middle, chin): mesh vertices.
+_PHILTRUM_LINE = (topo.NOSE_BASE, 0)
+_CHIN_LINE = (17, topo.CHIN)
 #: Upper-lip polygon between the nostrils and the outer upper lip.
 _UPPER_LIP = (98, 2, 327, 291, 409, 270, 269, 267, 0, 37, 39, 40, 185, 61)
 
 
-def _axes(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-pixel face coordinates (H, W) float32: height ``t`` (0 on the eye line,
-    1 on the mouth line, along the face's own down axis) and side ``s`` (-1..1
-    across the face outline's width)."""
+_Axes = tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]
+
+
+class _Frame:
+    """A face's geometry on one image, computed once: its :func:`_face_axes`
+    ``axes``; (H, W) each: height ``t`` (0 on the eye line, 1 on the mouth line,
+    along the face's own down axis), side ``s`` (-1..1 across the face outline's
+    width), ``midline`` (``s`` less the nose base's: 0 on the face's midline), the
+    outline ``face`` (bool) and the feature masks ``feats``
+    (:func:`facefuse.fusion.occlusion.feature_masks`); the mesh's ``skin``
+    vertices (:func:`facefuse.fusion.occlusion.skin_vertices`, given or found)."""
+
+    def __init__(self, lm: np.ndarray, shape: tuple[int, int],
+                 skin: np.ndarray | None = None) -> None:
+        self._lm, self._shape = lm, shape
+        self.axes = _face_axes(lm)
+        self.t, self.s = _axes(self.axes, shape)
+        self.skin = occ.skin_vertices(lm) if skin is None else skin
+
+    @functools.cached_property
+    def midline(self) -> np.ndarray:
+        mid, across, _, _, half, centre = self.axes
+        nose = (float((self._lm[topo.NOSE_BASE, :2] - mid) @ across) - centre) / half
+        out: np.ndarray = self.s - np.float32(nose)
+        return out
+
+    @functools.cached_property
+    def face(self) -> np.ndarray:
+        out: np.ndarray = occ.outline_mask(self._lm, self._shape) > 0.5
+        return out
+
+    @functools.cached_property
+    def feats(self) -> list[np.ndarray]:
+        return occ.feature_masks(self._lm, self._shape)
+
+
+def _face_axes(lm: np.ndarray) -> _Axes:
+    """(mid-eye point, across and down unit vectors (2,), eye-to-mouth height, the
+    outline's half-width and its centre's offset along ``across``), pixels."""
     a = lm[list(topo.EYE_IMAGE_LEFT), :2].mean(0)
     b = lm[list(topo.EYE_IMAGE_RIGHT), :2].mean(0)
     across = (b - a) / max(1e-6, float(np.linalg.norm(b - a)))
@@ -84,28 +141,39 @@ def _axes(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarra
     mouth = max(1.0, float((lm[list(topo.MOUTH_CORNERS), :2].mean(0) - mid) @ down))
     proj = (lm[list(topo.FACE_OVAL), :2] - mid) @ across
     half = max(1.0, 0.5 * float(proj.max() - proj.min()))
-    centre = 0.5 * float(proj.max() + proj.min())
-    yy, xx = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float32)
-    px, py = xx - np.float32(mid[0]), yy - np.float32(mid[1])
-    t = (px * np.float32(down[0]) + py * np.float32(down[1])) / np.float32(mouth)
-    s = (px * np.float32(across[0]) + py * np.float32(across[1]) - np.float32(centre)) \
-        / np.float32(half)
+    return mid, across, down, mouth, half, 0.5 * float(proj.max() + proj.min())
+
+
+def _axes(axes: _Axes, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pixel face coordinates (H, W) float32: height ``t`` and side ``s`` (see
+    :class:`_Frame`)."""
+    mid, across, down, mouth, half, centre = axes
+    px = np.arange(shape[1], dtype=np.float32) - np.float32(mid[0])
+    py = np.arange(shape[0], dtype=np.float32)[:, None] - np.float32(mid[1])
+    t = (px * np.float32(down[0] / mouth) + py * np.float32(down[1] / mouth))
+    s = (px * np.float32(across[0] / half) + py * np.float32(across[1] / half)
+         - np.float32(centre / half))
     return t, s
 
 
-def beard_zone(lm: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+def beard_zone(lm: np.ndarray, shape: tuple[int, int], frame: _Frame | None = None) -> np.ndarray:
     """(H, W) bool: where facial hair can be — inside the face outline, below the
     beard line (:data:`BEARD_TOP`), plus the upper lip; not the lips or nostrils."""
-    t, s = _axes(lm, shape)
-    face = occ.outline_mask(lm, shape) > 0.5
-    zone = face & (t > BEARD_TOP - BEARD_TOP_RISE * np.clip(np.abs(s), 0, 1) ** 2)
-    lip = np.zeros(shape, np.uint8)
-    cv2.fillPoly(lip, [np.round(lm[list(_UPPER_LIP), :2]).astype(np.int32)], 255)
-    zone |= (lip > 0) & face
+    f = _Frame(lm, shape) if frame is None else frame
+    zone = f.face & (f.t > BEARD_TOP - BEARD_TOP_RISE * np.minimum(np.abs(f.s), 1) ** 2)
+    zone |= _upper_lip(lm, shape) & f.face
     # Hair grows to the lips' edge: only the lips themselves and the nostrils are cut.
     lips = np.zeros(shape, np.uint8)
     cv2.fillPoly(lips, [np.round(lm[list(topo.LIPS_OUTER), :2]).astype(np.int32)], 1)
-    out: np.ndarray = zone & (lips == 0) & (occ.feature_masks(lm, shape)[5] == 0)
+    out: np.ndarray = zone & (lips == 0) & (f.feats[5] == 0)
+    return out
+
+
+def _upper_lip(lm: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(H, W) bool: the upper lip between the nostrils and the lip's outer edge."""
+    lip = np.zeros(shape, np.uint8)
+    cv2.fillPoly(lip, [np.round(lm[list(_UPPER_LIP), :2]).astype(np.int32)], 1)
+    out: np.ndarray = lip > 0
     return out
 
 
@@ -114,37 +182,35 @@ def _luma(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def hair_features(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                               np.ndarray] | None:
+def hair_features(image: np.ndarray, lm: np.ndarray, frame: _Frame | None = None,
+                  top: float = -np.inf, sided: bool = False) -> tuple[
+                      np.ndarray, np.ndarray, np.ndarray] | None:
     """(greyness, darkness, texture) (H, W) float32 each, relative to the face's
-    upper-face skin; None when too little of it is in the image.
+    upper-face skin (mesh skin vertices between heights ``top`` and
+    :data:`UPPER_FACE`; ``frame`` the image's :class:`_Frame`, made when None);
+    None when too little of it is in the image. ``sided``: the reference runs
+    across the face from the skin of its one side to the other's (see
+    :func:`_reference`), so a face lit from one side is judged alike on both.
 
     greyness: the share of the way from the skin's chromaticity to grey (0 skin,
     1 grey; negative: more saturated); darkness: ``log(skin luma / luma)``;
     texture: ``log`` of the fine structure-tensor energy over the skin's."""
     h, w = image.shape[:2]
     d = eye_distance(lm)
-    idx = occ.skin_vertices(lm)
-    t, _ = _axes(lm, (h, w))
-    xy = np.round(lm[idx, :2]).astype(np.int64)
+    f = _Frame(lm, (h, w)) if frame is None else frame
+    xy = np.round(lm[f.skin, :2]).astype(np.int64)
     ok = (xy[:, 0] >= 0) & (xy[:, 0] < w) & (xy[:, 1] >= 0) & (xy[:, 1] < h)
     xy = xy[ok]
-    xy = xy[t[xy[:, 1], xy[:, 0]] < UPPER_FACE]
+    tv = f.t[xy[:, 1], xy[:, 0]]
+    xy = xy[(tv < UPPER_FACE) & (tv >= top)]
     if len(xy) < 12:
         return None
+    ys, xs = xy[:, 1], xy[:, 0]
     x = image.astype(np.float32)
     b = cv2.GaussianBlur(x, (0, 0), max(0.7, 0.02 * d))
     luma = _luma(b)
     total = b.sum(-1) + 3.0
     r, g = (b[..., 0] + 1.0) / total, (b[..., 1] + 1.0) / total
-    skin_r = float(np.median(r[xy[:, 1], xy[:, 0]]))
-    skin_g = float(np.median(g[xy[:, 1], xy[:, 0]]))
-    skin_l = float(np.median(luma[xy[:, 1], xy[:, 0]]))
-    to_grey = np.array([1.0 / 3.0 - skin_r, 1.0 / 3.0 - skin_g])
-    span = max(1e-3, float(np.linalg.norm(to_grey)))
-    u = to_grey / span
-    grey = ((r - skin_r) * np.float32(u[0]) + (g - skin_g) * np.float32(u[1])) / np.float32(span)
-    dark = np.log(np.float32(skin_l + 4.0) / (luma + 4.0))
     # Oriented fine texture: the structure tensor's trace of the high-pass luma.
     fine = _luma(x)
     fine = fine - cv2.GaussianBlur(fine, (0, 0), 1.0)
@@ -152,9 +218,37 @@ def hair_features(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.nda
     gy = cv2.Sobel(fine, cv2.CV_32F, 0, 1, ksize=3)
     energy = np.asarray(cv2.GaussianBlur(gx * gx + gy * gy, (0, 0), max(1.0, 0.03 * d)),
                         np.float32) / np.maximum(luma, np.float32(8.0)) ** 2
-    skin_e = max(1e-9, float(np.median(energy[xy[:, 1], xy[:, 0]])))
-    texture = np.log(np.maximum(energy, 1e-12) / np.float32(skin_e))
-    return grey.astype(np.float32), dark.astype(np.float32), texture.astype(np.float32)
+    log_e = np.log(np.maximum(energy, np.float32(1e-12)))
+    log_l = np.log(luma + np.float32(4.0))
+    side = f.midline if sided else None
+    skin_r, skin_g, skin_l, skin_e = _reference((r, g, log_l, log_e), ys, xs, side)
+    mean_r, mean_g = np.median(np.stack([r[ys, xs], g[ys, xs]]), axis=1)
+    to_grey = np.array([1.0 / 3.0 - mean_r, 1.0 / 3.0 - mean_g])
+    span = max(1e-3, float(np.linalg.norm(to_grey)))
+    u = to_grey / span
+    grey = (r - skin_r) * np.float32(u[0] / span) + (g - skin_g) * np.float32(u[1] / span)
+    dark = skin_l - log_l
+    texture = log_e - skin_e
+    return (np.asarray(grey, np.float32), np.asarray(dark, np.float32),
+            np.asarray(texture, np.float32))
+
+
+def _reference(values: tuple[np.ndarray, ...], ys: np.ndarray, xs: np.ndarray,
+               side: np.ndarray | None) -> list[np.ndarray | np.float32]:
+    """The skin's reference of each of ``values`` (H, W each): the median over the
+    reference pixels (``ys``, ``xs``); with ``side`` (H, W, 0 on the face's
+    midline), the medians of each side's pixels, at their median sides, joined
+    linearly across the face (held beyond them)."""
+    v = np.stack([x[ys, xs] for x in values], 1)
+    if side is not None:
+        sv = side[ys, xs]
+        left, right = sv < 0, sv >= 0
+        if left.sum() >= SIDE_VERTICES and right.sum() >= SIDE_VERTICES:
+            s0, s1 = float(np.median(sv[left])), float(np.median(sv[right]))
+            v0, v1 = np.median(v[left], axis=0), np.median(v[right], axis=0)
+            k = np.clip((side - np.float32(s0)) * np.float32(1.0 / max(1e-3, s1 - s0)), 0, 1)
+            return [np.float32(a) + np.float32(b - a) * k for a, b in zip(v0, v1, strict=True)]
+    return [np.float32(m) for m in np.median(v, axis=0)]
 
 
 def _on_box(image: np.ndarray, lm: np.ndarray, box: tuple[int, int, int, int],
@@ -170,54 +264,116 @@ def _on_box(image: np.ndarray, lm: np.ndarray, box: tuple[int, int, int, int],
 def facial_hair_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """(H, W) float32 in {0, 1}: the beard, moustache and stubble of the face
     ``lm`` in ``image`` (see the module doc); found at no more than
-    :data:`HAIR_EYE_PX` (it is a large soft region)."""
-    h, w = image.shape[:2]
-    scale = min(1.0, HAIR_EYE_PX / max(1.0, eye_distance(lm)))
-    return _on_box(image, lm, (0, 0, w, h), scale, _facial_hair)
+    :data:`HAIR_EYE_PX` (it is a large soft region), on the lower face's box only
+    (from height :data:`HAIR_BOX_TOP`, which holds the beard zone and the skin
+    reference's cheeks)."""
+    lm = np.asarray(lm, np.float64)
+    d = eye_distance(lm)
+    scale = min(1.0, HAIR_EYE_PX / max(1.0, d))
+    skin = occ.skin_vertices(lm)
+    pts = np.concatenate([lm[list(topo.FACE_OVAL), :2], lm[skin, :2]])
+    mid, _, down, mouth, _, _ = _face_axes(lm)
+    pts = pts[(pts - mid) @ down >= HAIR_BOX_TOP * mouth]
+    m = HAIR_BOX_MARGIN * d
+    box = (int(pts[:, 0].min() - m), int(pts[:, 1].min() - m),
+           int(np.ceil(pts[:, 0].max() + m)), int(np.ceil(pts[:, 1].max() + m)))
+    return _on_box(image, lm, box, scale, functools.partial(_facial_hair, skin=skin))
 
 
-def _facial_hair(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
-    """:func:`facial_hair_mask` at the image's own scale."""
+def _facial_hair(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = None) -> np.ndarray:
+    """:func:`facial_hair_mask` at the image's own scale (``skin``: the mesh's
+    skin vertices, when known)."""
     h, w = image.shape[:2]
     out = np.zeros((h, w), np.float32)
-    feats = hair_features(image, lm)
+    frame = _Frame(lm, (h, w), skin)
+    feats = hair_features(image, lm, frame, top=HAIR_BOX_TOP, sided=True)
     if feats is None:
         return out
     grey, dark, texture = feats
     d = eye_distance(lm)
-    full = beard_zone(lm, (h, w))
+    full = beard_zone(lm, (h, w), frame)
     # The lips' edge is shaded and lined: hair is judged a little away from it,
     # and a region found reaches it afterwards.
-    zone = full & ~occ.grow(occ.feature_masks(lm, (h, w))[4], LIP_MARGIN * d)
+    zone = full & ~occ.grow(frame.feats[4], LIP_MARGIN * d)
     hair = zone & ((grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE)))
-    d = eye_distance(lm)
     binary = hair.astype(np.uint8)
     binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_CLOSE, occ.disc(0.04 * d)), np.uint8)
     binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_OPEN, occ.disc(0.02 * d)), np.uint8)
     binary &= zone.astype(np.uint8)
-    # Facial hair grows over the middle of the face: a region that covers neither
-    # the philtrum nor the chin's middle is a fold or shading, not a beard.
-    t, s = _axes(lm, (h, w))
-    lip = np.zeros((h, w), np.uint8)
-    cv2.fillPoly(lip, [np.round(lm[list(_UPPER_LIP), :2]).astype(np.int32)], 1)
-    cores = [(lip > 0) & zone & (np.abs(s) < CORE_SIDE),
-             zone & (np.abs(s) < CORE_SIDE) & (t > CHIN_CORE)]
     n, labels = cv2.connectedComponents(binary, connectivity=8)
     keep = np.zeros(n, bool)
-    for core in cores:
-        if core.sum() < 4:
-            continue
-        hits = np.bincount(labels[core], minlength=n) / float(core.sum())
-        keep |= hits >= CORE_COVER
+    for core in _cores(lm, frame, zone):
+        keep |= _covering(labels, n, core)
     keep[0] = False
     found = keep[labels]
     if found.any():
         found |= occ.grow(found.astype(np.uint8), (LIP_MARGIN + 0.04) * d) & full & ~zone
     out[found] = 1.0
-    area = max(1.0, float((occ.outline_mask(lm, (h, w)) > 0.5).sum()))
-    if out.sum() < MIN_HAIR_AREA * area:
+    if out.sum() < MIN_HAIR_AREA * _face_area(lm):
         out[:] = 0.0
     return out
+
+
+def _face_area(lm: np.ndarray) -> float:
+    """The face outline's area in pixels (at least 1)."""
+    oval = np.asarray(lm, np.float32)[list(topo.FACE_OVAL), :2]
+    return max(1.0, float(cv2.contourArea(oval)))
+
+
+def _cores(lm: np.ndarray, frame: _Frame, zone: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """The places facial hair grows over, each as three parts ((H, W) bool): one
+    side of the face's midline there (beyond :data:`CORE_INNER`), its middle,
+    the other side — the midline through the nose base and the upper lip's
+    middle, or the lower lip's middle and the chin. They are the philtrum (the
+    lower half of the upper lip's skin, within :data:`CORE_SIDE` of the
+    midline) and the chin's middle (from :data:`CHIN_CORE` down)."""
+    _, _, _, _, half, _ = frame.axes
+    # The lower half of the upper lip's skin, above the lip line: a moustache
+    # covers it, the shadow under the nose and a smile's folds (beside the
+    # mouth) do not.
+    lip = zone & _upper_lip(lm, zone.shape)
+    if lip.any():
+        lip &= frame.t > np.median(frame.t[lip])
+    chin = zone & (frame.t > CHIN_CORE)
+    out: list[tuple[np.ndarray, ...]] = []
+    for core, (a, b) in ((lip, _PHILTRUM_LINE), (chin, _CHIN_LINE)):
+        side = _across_line(lm[a, :2], lm[b, :2], zone.shape) / np.float32(half)
+        core = core & (np.abs(side) < CORE_SIDE)
+        out.append((core & (side < -CORE_INNER), core & (np.abs(side) <= CORE_INNER),
+                    core & (side > CORE_INNER)))
+    return out
+
+
+def _across_line(a: np.ndarray, b: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(H, W) float32: signed distance (pixels) of each pixel from the line through
+    points ``a`` and ``b`` (2,)."""
+    d = (b - a) / max(1e-6, float(np.linalg.norm(b - a)))
+    px = np.arange(shape[1], dtype=np.float32) - np.float32(a[0])
+    py = np.arange(shape[0], dtype=np.float32)[:, None] - np.float32(a[1])
+    out: np.ndarray = px * np.float32(d[1]) - py * np.float32(d[0])
+    return out
+
+
+def _covering(labels: np.ndarray, n: int, parts: tuple[np.ndarray, ...]) -> np.ndarray:
+    """(n,) bool: the regions of ``labels`` that are facial hair over a core given
+    as its ``parts`` (one side of the midline, its middle, the other side): those
+    that cover :data:`CORE_COVER` of a part, kept only when together they cover
+    :data:`PART_COVER` of each part and :data:`CORE_MEAN_COVER` on average (hair
+    grows across the midline; a smile fold or a shaded jaw lies to one side, a
+    smile's two folds leave much of the middle bare)."""
+    keep = np.zeros(n, bool)
+    sizes = [int(p.sum()) for p in parts]
+    if min(sizes) < 2:
+        return keep
+    counts = [np.bincount(labels[p], minlength=n) for p in parts]
+    cand = np.zeros(n, bool)
+    for c, z in zip(counts, sizes, strict=True):
+        cand |= c >= CORE_COVER * z
+    cand[0] = False
+    cover = [float(c[cand].sum()) / z for c, z in zip(counts, sizes, strict=True)]
+    if min(cover) >= PART_COVER and sum(cover) >= 3 * CORE_MEAN_COVER:
+        keep = cand
+    return keep
 
 
 #: Lens ring around each eye's centre: half-axes (eye distances) of its outer edge;

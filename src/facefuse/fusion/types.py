@@ -15,6 +15,8 @@ from facefuse.faces.types import Face
 
 BlendMode = Literal["multiband", "poisson", "alpha"]
 TargetMode = Literal["one", "many", "reference"]
+#: Whose facial hair is found as regions (``FuseOptions.facial_hair``).
+FacialHairMode = Literal["target", "both", "off"]
 
 #: Default smallest usable face: pixels between the outer eye corners.
 MIN_EYE_DISTANCE_PX = 40.0
@@ -35,7 +37,10 @@ class OptionSpec:
         http: a field of the HTTP API's fusion options.
         cli: the ``facefuse fuse`` flag (a ``--no-…`` flag switches a default-on
             option off); None: not on the command line.
+        cli_bare: the value of the flag given without one (None: a value is required).
         metavar: the CLI's name for the value.
+        legacy: ``(old, new)`` pairs: an old spelling of a value (``True``), still
+            taken (library, HTTP) and read as ``new``.
     """
 
     help: str
@@ -44,7 +49,9 @@ class OptionSpec:
     unit: str | None = None
     http: bool = True
     cli: str | None = None
+    cli_bare: str | None = None
     metavar: str | None = None
+    legacy: tuple[tuple[Any, Any], ...] = ()
 
 
 def _option(default: Any, **spec: Any) -> Any:
@@ -69,6 +76,10 @@ class FuseOptions:
     the fused face; ``symmetric_fill`` takes what the source photo hides or
     foreshortens (a turned head's far side) from the mirrored other half of the
     source face, or the target's own pixels where neither half is shown.
+    ``glasses`` and ``facial_hair`` find those as regions (docs/fusion.md):
+    ``facial_hair="target"`` (default) keeps the target's beard, moustache and
+    stubble, ``"both"`` also never carries the source's, ``"off"`` neither; the
+    old booleans are read as ``True`` → ``"both"``, ``False`` → ``"off"``.
 
     ``min_face_size`` (pixels between the outer eye corners, 16..1024, default 40):
     smaller faces (source or target) are not used. In ``many`` mode and with a
@@ -112,10 +123,13 @@ class FuseOptions:
     glasses: bool = _option(True, cli="--no-glasses", help=(
         "Find glasses frames (and their lens reflections) as regions: the target's are "
         "kept bit-exact, the source's never carried."))
-    facial_hair: bool = _option(False, cli="--facial-hair", help=(
-        "Also find facial hair (beard, moustache, stubble) as regions: the target's is "
-        "kept, the source's never carried. Off by default: it costs about a third of the "
-        "fusion stage and, on stubbled sources, some identity."))
+    facial_hair: FacialHairMode = _option(
+        "target", cli="--facial-hair", cli_bare="both", legacy=((True, "both"), (False, "off")),
+        help=("Facial hair (beard, moustache, stubble) found as regions. target: the "
+              "target's is kept bit-exact; both: the source's is never carried too (a "
+              "stubbled source then loses its stubble's shading, and some identity); off: "
+              "neither (a dense beard still counts as an occluder). true and false are "
+              "read as both and off."))
     min_face_size: float = _option(
         MIN_EYE_DISTANCE_PX, low=MIN_FACE_SIZE_RANGE[0], high=MIN_FACE_SIZE_RANGE[1],
         unit="pixels", cli="--min-face-size", metavar="PX", help=(
@@ -127,7 +141,12 @@ class FuseOptions:
     def __post_init__(self) -> None:
         hints = _hints()
         for f, spec in option_specs():
-            _check_option(f.name, getattr(self, f.name), hints[f.name], spec)
+            value = getattr(self, f.name)
+            for old, new in spec.legacy:
+                if value is old:  # identity: True is not 1
+                    object.__setattr__(self, f.name, new)
+                    value = new
+            _check_option(f.name, value, hints[f.name], spec)
         if self.target_face_index is not None and self.mode != "one":
             raise InvalidArgumentError(
                 f"target_face_index picks the face in mode 'one'; mode {self.mode!r} "
@@ -140,6 +159,10 @@ class FuseOptions:
     @property
     def texture_weight(self) -> float:
         return (self.degree if self.texture is None else self.texture) / 100.0
+
+    def finds_facial_hair(self, *, source: bool) -> bool:
+        """Whether the source's (``source``) or the target's facial hair is found."""
+        return self.facial_hair == "both" or (self.facial_hair == "target" and not source)
 
 
 @functools.cache

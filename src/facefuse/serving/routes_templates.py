@@ -230,10 +230,10 @@ async def capabilities(request: Request) -> dict[str, Any]:
             continue
         entry = {k: prop[k] for k in ("type", "minimum", "maximum", "enum", "default")
                  if k in prop}
-        if "anyOf" in prop:  # optional numbers: keep the numeric branch's range
+        if "anyOf" in prop:  # optional numbers, choices with old spellings: the first branch
             num: dict[str, Any] = next(
                 (b for b in prop["anyOf"] if b.get("type") != "null"), {})
-            entry.update({k: num[k] for k in ("type", "minimum", "maximum") if k in num})
+            entry.update({k: num[k] for k in ("type", "minimum", "maximum", "enum") if k in num})
         options[name] = entry
     output = (svc.pipeline.output.describe() if svc.pipeline is not None else None)
     store = svc.templates

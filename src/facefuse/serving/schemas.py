@@ -35,7 +35,10 @@ def _option_fields() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f, spec in option_specs():
         if spec.http:
-            out[f.name] = (option_type(f.name), Field(
+            hint = option_type(f.name)
+            for kind in {type(old) for old, _ in spec.legacy}:  # old spellings still taken
+                hint = hint | kind
+            out[f.name] = (hint, Field(
                 f.default, ge=spec.low, le=spec.high, description=spec.help))
     return out
 

@@ -57,7 +57,7 @@ BEFORE = FuseOptions(relight=False, reject_source_occluders=False, keep_target_o
                      symmetric_fill=False)
 AFTER = FuseOptions()
 #: The defaults with facial hair and glasses found as regions.
-REGIONS = FuseOptions(glasses=True, facial_hair=True)
+REGIONS = FuseOptions(glasses=True, facial_hair="both")
 #: Gain slope of the synthetic gradient, per eye distance.
 GRADIENT_STRENGTH = 0.35
 

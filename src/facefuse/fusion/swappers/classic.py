@@ -234,11 +234,12 @@ class _Inline(Executor):
 
 
 def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
-               scale: float = 1.0, rim_grow: float = 0.0) -> np.ndarray:
+               scale: float = 1.0, rim_grow: float = 0.0, source: bool = False) -> np.ndarray:
     """The face's occluders (see :func:`facefuse.fusion.regions.face_occluders`),
-    glasses and facial hair as the options ask."""
+    glasses and facial hair as the options ask for the ``source`` or the target."""
     return regions.face_occluders(image, landmarks, scale=scale, glasses=options.glasses,
-                                  facial_hair=options.facial_hair, rim_grow=rim_grow)
+                                  facial_hair=options.finds_facial_hair(source=source),
+                                  rim_grow=rim_grow)
 
 
 @dataclass(frozen=True)
@@ -263,10 +264,11 @@ def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: 
     occluders = None
     if options.reject_source_occluders and options.texture_weight > 0.0:
         occluders = prep.get(
-            ("occluders", options.glasses, options.facial_hair), lambda: _occluders(
+            ("occluders", options.glasses, options.finds_facial_hair(source=True)),
+            lambda: _occluders(
                 small, local, options,
                 scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(local)),
-                rim_grow=occ.SOURCE_RIM_GROW))
+                rim_grow=occ.SOURCE_RIM_GROW, source=True))
     outline = prep.get("outline", lambda: occ.outline_mask(local, small.shape))
     return _Source(crop, small, local, occluders, outline)
 
