@@ -81,9 +81,9 @@ def test_bad_and_contradictory_options_are_typed_errors(bad: dict[str, object],
 
 
 def test_facial_hair_is_a_choice_that_takes_the_old_booleans() -> None:
-    """target by default; true/false (the option's old spelling) read as both/off,
+    """both by default; true/false (the option's old spelling) read as both/off,
     in the library, over HTTP (JSON and multipart strings) and on the CLI."""
-    assert FuseOptions().facial_hair == "target"
+    assert FuseOptions().facial_hair == "both"
     for old, new in ((True, "both"), (False, "off"), ("true", "both"), ("false", "off")):
         if isinstance(old, bool):
             assert FuseOptions(facial_hair=old) == FuseOptions(facial_hair=new)  # type: ignore[arg-type]
@@ -97,7 +97,8 @@ def test_facial_hair_is_a_choice_that_takes_the_old_booleans() -> None:
         args = build_parser().parse_args(["fuse", "s.jpg", "t.jpg", "-o", "o.jpg", *flags])
         return _fuse_options(args).facial_hair
 
-    assert (cli(), cli("--facial-hair"), cli("--facial-hair", "off")) == ("target", "both", "off")
+    assert (cli(), cli("--facial-hair", "target"), cli("--facial-hair", "off")) == (
+        "both", "target", "off")
     for bad in ("beard", 1, None):
         with pytest.raises(InvalidArgumentError) as exc:
             FuseOptions(facial_hair=bad)  # type: ignore[arg-type]

@@ -77,9 +77,10 @@ class FuseOptions:
     foreshortens (a turned head's far side) from the mirrored other half of the
     source face, or the target's own pixels where neither half is shown.
     ``glasses`` and ``facial_hair`` find those as regions (docs/fusion.md):
-    ``facial_hair="target"`` (default) keeps the target's beard, moustache and
-    stubble, ``"both"`` also never carries the source's, ``"off"`` neither; the
-    old booleans are read as ``True`` → ``"both"``, ``False`` → ``"off"``.
+    ``facial_hair="both"`` (default) keeps the target's beard, moustache and
+    stubble and never carries the source's, ``"target"`` looks for the target's
+    only, ``"off"`` for neither; the old booleans are read as ``True`` →
+    ``"both"``, ``False`` → ``"off"``.
 
     ``min_face_size`` (pixels between the outer eye corners, 16..1024, default 40):
     smaller faces (source or target) are not used. In ``many`` mode and with a
@@ -124,12 +125,13 @@ class FuseOptions:
         "Find glasses frames (and their lens reflections) as regions: the target's are "
         "kept bit-exact, the source's never carried."))
     facial_hair: FacialHairMode = _option(
-        "target", cli="--facial-hair", cli_bare="both", legacy=((True, "both"), (False, "off")),
-        help=("Facial hair (beard, moustache, stubble) found as regions. target: the "
-              "target's is kept bit-exact; both: the source's is never carried too (a "
-              "stubbled source then loses its stubble's shading, and some identity); off: "
-              "neither (a dense beard still counts as an occluder). true and false are "
-              "read as both and off."))
+        "both", cli="--facial-hair", cli_bare="both", legacy=((True, "both"), (False, "off")),
+        help=("Facial hair (beard, moustache, stubble) found as regions. both: the "
+              "target's is kept bit-exact and the source's never carried (a stubbled "
+              "source then loses its stubble's shading, and some identity); target: only "
+              "the target's is looked for (a bearded source's beard is carried like its "
+              "skin); off: neither (a dense beard still counts as an occluder). true and "
+              "false are read as both and off."))
     min_face_size: float = _option(
         MIN_EYE_DISTANCE_PX, low=MIN_FACE_SIZE_RANGE[0], high=MIN_FACE_SIZE_RANGE[1],
         unit="pixels", cli="--min-face-size", metavar="PX", help=(
