@@ -10,8 +10,8 @@ reflections: ``facefuse.toolchain.synthetic``), fused at degree 100:
   zone; the source's frames leaked (``occluder_leak``; goal ≤ 0.05).
 
 Settings: "off" is the colour-outlier occluder mask alone (options `glasses`
-off and `facial_hair="off"`); "default" the defaults (glasses both sides, the
-target's facial hair only); "both" facial hair on both sides too.
+off and `facial_hair="off"`); "target" glasses on both sides and the target's
+facial hair only; "default" the defaults (facial hair on both sides too).
 
 It also looks for regions on faces that have none: every sample native,
 mirrored, tilted ±12° and relit, and the faces of side-by-side group photos of
@@ -46,13 +46,13 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.swappers.classic import WORK_EYE_PX
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.samples import fetch_samples
 from facefuse.toolchain.synthetic import FACIAL_HAIR_KINDS, FRAME_KINDS
 from facefuse.toolchain.trials import (
-    REGIONS,
     Sample,
     facial_hair_leak_trial,
     facial_hair_survival_trial,
@@ -69,16 +69,16 @@ PAIRS = (("obama", "biden", "astronaut"), ("astronaut", "obama2", "obama"),
          ("biden", "astronaut", "obama"), ("obama2", "obama3", "astronaut"))
 
 
-#: The classic swapper's occluders without the regions, the defaults, and facial
-#: hair rejected from the source too.
-SETTINGS = {"off": FuseOptions(glasses=False, facial_hair="off"), "default": FuseOptions(),
-            "both": REGIONS}
+#: The classic swapper's occluders without the regions, the target's facial hair
+#: only, and the defaults (facial hair rejected from the source too).
+SETTINGS = {"off": FuseOptions(glasses=False, facial_hair="off"),
+            "target": FuseOptions(facial_hair="target"), "default": FuseOptions()}
 #: Side-by-side group photos (sample names, left to right) and their heights (px).
 GROUPS = (("biden", "obama2", "obama3"), ("obama", "astronaut", "biden"),
           ("obama2", "obama", "obama3"))
 GROUP_HEIGHTS = (400, 600, 800, 1000, 1200)
 #: The classic swapper's working eye distance for targets (pixels).
-WORK_EYE = 96.0
+WORK_EYE = WORK_EYE_PX
 
 
 def crop(img: np.ndarray, s: Sample) -> np.ndarray:
@@ -214,11 +214,11 @@ def main() -> None:
     lines = ["## regions", "",
              "Facial hair and clear glasses on realistic variants (real scalp hair as a beard,",
              "moustache or stubble; frames of real darkened pixels with lens reflections), degree",
-             "100, three settings: off (the colour-outlier occluder mask alone), default (glasses",
-             "on both sides, the target's facial hair only), both (facial hair rejected from the",
-             "source too). kept: share of the target's hair/frame pixels unchanged (goal ≥ 0.95);",
-             "leaked: share of the source's that reaches the output (goal ≤ 0.05; by default a",
-             "source's facial hair is carried, by design); dark: grey levels the source's hair",
+             "100, three settings: off (the colour-outlier occluder mask alone), target (glasses",
+             "on both sides, the target's facial hair only), default (facial hair rejected from",
+             "the source too). kept: share of the target's hair/frame pixels unchanged (goal ≥",
+             "0.95); leaked: share of the source's that reaches the output (goal ≤ 0.05; with",
+             "target a source's facial hair is carried); dark: grey levels the source's hair",
              "takes off the clean-shaven target's beard zone (against fusing the clean source);",
              "vs target: grey levels that zone ends darker than the target's own.",
              "",
