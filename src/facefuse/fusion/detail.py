@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from facefuse.imaging.stats import median
+
 #: ITU-R BT.601 luma weights (RGB).
 _LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 #: Where the working-scale render hands over to the full-resolution detail: a
@@ -340,4 +342,4 @@ def _spread(band: np.ndarray, where: np.ndarray) -> float:
     """Robust standard deviation (1.4826 × the median absolute value) of a
     zero-mean band on ``where`` (see :func:`_sample`)."""
     sample = np.abs(_sample(band, where))
-    return 1.4826 * float(np.median(sample)) if sample.size else 0.0
+    return 1.4826 * float(median(sample)) if sample.size else 0.0

@@ -19,6 +19,7 @@ import numpy as np
 
 from facefuse.fusion import mask as masks
 from facefuse.fusion.geometry import eye_groups
+from facefuse.imaging.stats import median
 
 #: The iris colour is measured on this annulus (fractions of the iris radius):
 #: outside the pupil, inside the dark limbal ring and the lids' shadow.
@@ -96,7 +97,7 @@ def _iris_colour(image: np.ndarray, landmarks: np.ndarray, eye: tuple[tuple[int,
     pixels = pixels[pixels.mean(1) < IRIS_OF_SKIN * float(skin.mean())]
     if len(pixels) < MIN_SAMPLES:
         return None
-    out: np.ndarray = np.median(pixels, axis=0)
+    out: np.ndarray = median(pixels, axis=0)
     return out
 
 
@@ -113,7 +114,7 @@ def _under_eye(image: np.ndarray, landmarks: np.ndarray, eye: tuple[int, ...]
     y0, y1 = max(0, int(by + top * width)), min(h, int(np.ceil(by + bottom * width)))
     if x1 - x0 < 2 or y1 - y0 < 2:
         return None
-    out: np.ndarray = np.median(image[y0:y1, x0:x1].reshape(-1, 3), axis=0)
+    out: np.ndarray = median(image[y0:y1, x0:x1].reshape(-1, 3), axis=0)
     return out
 
 
@@ -199,7 +200,7 @@ def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray |
         inside = (disc > 0.5) & (opening > 0.5)
         if not inside.any():
             continue
-        lo, hi = (f * float(np.median(luma[inside])) for f in HIGHLIGHT_RAMP)
+        lo, hi = (f * float(median(luma[inside])) for f in HIGHLIGHT_RAMP)
         spare = np.clip((luma - lo) / max(1e-3, hi - lo), 0.0, 1.0)
         share = (weight * disc * opening * (1.0 - spare))[..., None]
         box *= 1.0 + share * (gain - 1.0)

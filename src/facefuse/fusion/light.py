@@ -28,6 +28,7 @@ import numpy as np
 
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.occlusion import skin_vertices
+from facefuse.imaging.stats import median
 
 #: Ridge weight on the first and second SH bands (the basis values are O(1));
 #: the constant term is free.
@@ -198,7 +199,7 @@ def keep_dark_hue(relit: np.ndarray, before: np.ndarray, skin: np.ndarray) -> No
     inside = skin > 0.5
     if not inside.any():
         return
-    ref = float(np.median(y_before[::2, ::2][inside[::2, ::2]]))
+    ref = float(median(y_before[::2, ::2][inside[::2, ::2]]))
     lo, hi = DARK_HUE
     dark = np.clip((hi * ref - y_before) / max(1e-3, (hi - lo) * ref), 0.0, 1.0)
     x, y, w, h = cv2.boundingRect((dark > 0).view(np.uint8))

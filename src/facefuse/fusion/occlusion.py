@@ -60,6 +60,7 @@ import numpy as np
 
 from facefuse.faces import topology as topo
 from facefuse.fusion.geometry import eye_distance, nearest_distance
+from facefuse.imaging.stats import median
 
 #: Width of the band inside the outline, in eye distances, where non-skin pixels
 #: that reach the outline are background taken in by a loose mesh.
@@ -148,8 +149,8 @@ def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None
     cols = cv2.remap(small.astype(np.float32), pts[:, 0:1].copy(), pts[:, 1:2].copy(),
                      cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT_101).reshape(-1, 3)
     f = _features(cols).astype(np.float64)
-    med = np.median(f, axis=0)
-    mad = np.median(np.abs(f - med), axis=0) * 1.4826 + 1e-6
+    med = median(f, axis=0)
+    mad = median(np.abs(f - med), axis=0) * 1.4826 + 1e-6
     d = np.linalg.norm((f - med) / mad, axis=1)
     keep = f[d <= np.quantile(d, SKIN_INLIER_SHARE)]
     mean = keep.mean(0)
@@ -162,7 +163,7 @@ def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None
     np.fill_diagonal(corr, 1.0)
     cov = corr * np.outer(target_sd, target_sd)
     luma = 0.299 * cols[:, 0] + 0.587 * cols[:, 1] + 0.114 * cols[:, 2]
-    return SkinModel(mean, np.linalg.inv(cov + 1e-12 * np.eye(3)), float(np.median(luma)))
+    return SkinModel(mean, np.linalg.inv(cov + 1e-12 * np.eye(3)), float(median(luma)))
 
 
 #: Rows: r + 1, g + 1, luma, r + g + b + 3 (last column: the constant) — the

@@ -46,6 +46,7 @@ import numpy as np
 from facefuse.faces import topology as topo
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion.geometry import eye_distance
+from facefuse.imaging.stats import median
 
 #: Beard zone: below a top edge at this height (0 at the eyes, 1 at the mouth
 #: line) in the face's middle, rising by BEARD_TOP_RISE at its sides.
@@ -222,7 +223,7 @@ def hair_features(image: np.ndarray, lm: np.ndarray, frame: _Frame | None = None
     log_l = np.log(luma + np.float32(4.0))
     side = f.midline if sided else None
     skin_r, skin_g, skin_l, skin_e = _reference((r, g, log_l, log_e), ys, xs, side)
-    mean_r, mean_g = np.median(np.stack([r[ys, xs], g[ys, xs]]), axis=1)
+    mean_r, mean_g = median(np.stack([r[ys, xs], g[ys, xs]]), axis=1)
     to_grey = np.array([1.0 / 3.0 - mean_r, 1.0 / 3.0 - mean_g])
     span = max(1e-3, float(np.linalg.norm(to_grey)))
     u = to_grey / span
@@ -244,11 +245,11 @@ def _reference(values: tuple[np.ndarray, ...], ys: np.ndarray, xs: np.ndarray,
         sv = side[ys, xs]
         left, right = sv < 0, sv >= 0
         if left.sum() >= SIDE_VERTICES and right.sum() >= SIDE_VERTICES:
-            s0, s1 = float(np.median(sv[left])), float(np.median(sv[right]))
-            v0, v1 = np.median(v[left], axis=0), np.median(v[right], axis=0)
+            s0, s1 = float(median(sv[left])), float(median(sv[right]))
+            v0, v1 = median(v[left], axis=0), median(v[right], axis=0)
             k = np.clip((side - np.float32(s0)) * np.float32(1.0 / max(1e-3, s1 - s0)), 0, 1)
             return [np.float32(a) + np.float32(b - a) * k for a, b in zip(v0, v1, strict=True)]
-    return [np.float32(m) for m in np.median(v, axis=0)]
+    return [np.float32(m) for m in median(v, axis=0)]
 
 
 def _on_box(image: np.ndarray, lm: np.ndarray, box: tuple[int, int, int, int],
@@ -333,7 +334,7 @@ def _cores(lm: np.ndarray, frame: _Frame, zone: np.ndarray) -> list[tuple[np.nda
     # mouth) do not.
     lip = zone & _upper_lip(lm, zone.shape)
     if lip.any():
-        lip &= frame.t > np.median(frame.t[lip])
+        lip &= frame.t > median(frame.t[lip])
     chin = zone & (frame.t > CHIN_CORE)
     out: list[tuple[np.ndarray, ...]] = []
     for core, (a, b) in ((lip, _PHILTRUM_LINE), (chin, _CHIN_LINE)):

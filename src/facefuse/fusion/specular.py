@@ -25,6 +25,7 @@ from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion.geometry import eye_distance
 from facefuse.imaging.pixels import masked_blur
+from facefuse.imaging.stats import median
 
 #: Relative brightness over the local skin mean where a highlight starts, and
 #: where it is fully one.
@@ -67,7 +68,7 @@ def _lit(area: np.ndarray, y: np.ndarray) -> np.ndarray:
     inside = area > 0.5
     if not inside.any():
         return area
-    out: np.ndarray = area * (y > DARK * float(np.median(y[inside])))
+    out: np.ndarray = area * (y > DARK * float(median(y[inside])))
     return out.astype(np.float32)
 
 

@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from facefuse.errors import InvalidArgumentError
+from facefuse.imaging.stats import median
 
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
@@ -272,7 +273,7 @@ def _on(values: npt.NDArray[Any], where: npt.NDArray[np.bool_],
 
 def _noise_sigma_luma(luma: F32, where: npt.NDArray[np.bool_], sampled: bool = False) -> float:
     r = cv2.filter2D(luma, cv2.CV_32F, _IMMERKAER, borderType=cv2.BORDER_REFLECT_101)
-    return float(np.median(np.abs(_on(r, where, sampled)))) / (0.6745 * 6.0)
+    return float(median(np.abs(_on(r, where, sampled)))) / (0.6745 * 6.0)
 
 
 def _laplacian_var(luma: F32, where: npt.NDArray[np.bool_], sampled: bool = False) -> float:
