@@ -18,6 +18,7 @@ from facefuse.fusion.geometry import (
     euler_angles,
     fit_similarity_3d,
     fused_shape,
+    nearest_distance,
     openness,
     points_inside,
     relative_pose,
@@ -134,3 +135,15 @@ def test_every_exif_orientation_of_a_target_fuses(
 
     result = fuser.fuse(sample_paths["obama"], target)
     assert result.image.shape == decode_image(target).shape
+
+
+def test_nearest_distance_is_the_brute_force_one() -> None:
+    """The matrix-product form agrees with every pairwise distance's minimum, on
+    mesh-sized point sets at image coordinates and on coincident points."""
+    rng = np.random.default_rng(7)
+    points = rng.random((468, 3)) * 2000.0
+    others = np.concatenate([rng.random((116, 3)) * 2000.0, points[:5]])
+    brute = np.sqrt(((points[:, None, :2] - others[None, :, :2]) ** 2).sum(-1)).min(1)
+    got = nearest_distance(points, others)
+    assert np.allclose(got, brute, rtol=0, atol=1e-6)
+    assert np.all(got[:5] < 1e-4)  # a point in both sets is at distance 0
