@@ -98,8 +98,9 @@ def test_the_irises_take_the_sources_colour(fuser: FaceFuser,
 
 def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
         samples: dict[str, Sample]) -> None:
-    """A mesh without iris points leaves the target's colour, and so does an eye
-    whose opening shows fewer than MIN_SAMPLES iris pixels."""
+    """A face against itself keeps its iris's hue and luma; a mesh without iris
+    points leaves the target's colour, and so does an eye whose opening shows fewer
+    than MIN_SAMPLES iris pixels."""
     img = np.zeros((8, 8, 3), np.float32)
     lm = np.zeros((468, 3))
     assert eyes.iris_gains(img, lm, img, lm) == [None, None]
@@ -107,7 +108,13 @@ def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
         face = samples[name]
         image = face.image.astype(np.float32)
         gains = eyes.iris_gains(image, face.landmarks, image, face.landmarks)
-        assert all(g is not None and np.allclose(g, 1.0) for g in gains), (name, gains)
+        for eye, gain in zip(eye_groups(face.landmarks), gains, strict=True):
+            # Against itself: the iris's own hue at a luma gain of 1.
+            found = eyes.iris_colour(image, face.landmarks, eye)
+            assert gain is not None and found is not None, name
+            luma = np.array([0.299, 0.587, 0.114])
+            assert np.allclose(gain, (found[0] + 1.0) / (found[0] @ luma + 1.0)), name
+            assert gain @ luma == pytest.approx(1.0, abs=1e-5)
     tgt_lm = samples["biden"].landmarks
     shut = tgt_lm.copy()
     for contour, _ in eye_groups(tgt_lm):

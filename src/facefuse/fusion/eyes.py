@@ -33,8 +33,9 @@ IRIS_OF_SKIN = 0.5
 #: The skin under an eye that sets its light: (inset from the eye's left, from its
 #: right), (top, bottom) below its lower lid, in eye widths.
 UNDER_EYE = ((0.15, 0.15), (0.15, 0.45))
-#: Bounds of the per-channel gain (a blue iris made dark brown needs about 0.5 on
-#: blue, 1.5 on red).
+#: BT.601 luma weights (RGB).
+_LUMA = np.array([0.299, 0.587, 0.114])
+#: Bounds of the iris's luma gain (a light iris made dark, a dark one light).
 GAIN_RANGE = (0.4, 2.5)
 #: Pixels this many times brighter than the iris's median are not iris (its
 #: catchlights, or the sclera where the landmarks' disc overshoots the limbus):
@@ -133,16 +134,20 @@ def iris_colour(image: np.ndarray, landmarks: np.ndarray,
 
 def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_layer: np.ndarray,
                dst: np.ndarray) -> list[np.ndarray | None]:
-    """Per-channel gains (3,) taking the target's iris colour to the source's, for
-    the image-left and image-right eyes (None: not measurable, keep the target's).
+    """Per eye (image-left, image-right), the colour (3,) an iris pixel of the target
+    takes per unit of its own luma (None: not measurable, keep the target's).
 
     ``source_image`` (h, w, 3) with its ``source_lm``: the source in its own frame,
     where its iris is read inside its own lids' opening (a squinting source
     stretched onto the target's opening shows its lids there). ``target_layer``
     (h, w, 3): the target warped onto the fused mesh ``dst``, its iris inside
-    ``dst``'s lids' opening (the eyes move rigidly). Each iris is taken relative to
-    the skin under its eye, so the source's comes in the target's light: the gain
-    is ``(src_iris / src_skin) / (tgt_iris / tgt_skin)``.
+    ``dst``'s lids' opening (the eyes move rigidly). The colour is the source
+    iris's chromaticity (``src_iris / Y(src_iris)``) times a luma gain
+    ``Y(src_iris) / Y(tgt_iris) · Y(tgt_skin) / Y(src_skin)`` bounded to
+    :data:`GAIN_RANGE`: the source's iris in the target's light (the skins' luma
+    under the eyes), its hue its own. (Multiplying the target's channels by the
+    source's over the target's, or the skins' ratio per channel, turned a dark
+    source's brown iris navy on a fair target's amber one.)
     """
     if len(source_lm) < 478 or len(dst) < 478:
         return [None, None]
@@ -155,8 +160,12 @@ def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_layer: np
             gains.append(None)
             continue
         (iris_src, skin_src), (iris_tgt, skin_tgt) = src, tgt
-        ratio = ((iris_src + 1.0) * (skin_tgt + 1.0)) / ((iris_tgt + 1.0) * (skin_src + 1.0))
-        gains.append(np.clip(ratio, *GAIN_RANGE).astype(np.float32))
+        light = (float(skin_tgt @ _LUMA) + 1.0) / (float(skin_src @ _LUMA) + 1.0)
+        # The source's iris colour in the target's light, per unit of the target
+        # iris's luma: the luma gain bounded, the hue the source's.
+        y_src, y_tgt = float(iris_src @ _LUMA) + 1.0, float(iris_tgt @ _LUMA) + 1.0
+        gain = float(np.clip(y_src * light / y_tgt, *GAIN_RANGE))
+        gains.append(((iris_src + 1.0) / y_src * gain).astype(np.float32))
     return gains
 
 
@@ -164,10 +173,12 @@ def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray |
                     weight: float, feather: float) -> None:
     """Give the target's irises in ``layer`` (h, w, 3, in place) the source's colour.
 
-    ``dst``: the fused mesh in ``layer``'s frame; ``gains`` from :func:`iris_gains`;
-    ``weight`` in [0, 1] the texture weight; ``feather`` px the face's feather width
-    at this scale. Each iris's disc (soft by a tenth of its radius) inside the lids'
-    opening is multiplied by its gain, its catchlights left as they are.
+    ``dst``: the fused mesh in ``layer``'s frame; ``gains`` from :func:`iris_gains`
+    (a colour per unit of luma); ``weight`` in [0, 1] the texture weight;
+    ``feather`` px the face's feather width at this scale. Each pixel of an iris's
+    disc (soft by a tenth of its radius) inside the lids' opening becomes its own
+    luma times that colour (the target's iris texture, the source's hue), its
+    catchlights left as they are.
     """
     if weight <= 0.0 or len(dst) < 478 or all(g is None for g in gains):
         return
@@ -203,4 +214,6 @@ def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray |
         lo, hi = (f * float(median(luma[inside])) for f in HIGHLIGHT_RAMP)
         spare = np.clip((luma - lo) / max(1e-3, hi - lo), 0.0, 1.0)
         share = (weight * disc * opening * (1.0 - spare))[..., None]
-        box *= 1.0 + share * (gain - 1.0)
+        # Each pixel takes the source's hue at its own luma times the gain: the
+        # target iris's texture stays, its hue goes.
+        box += share * ((box @ _LUMA.astype(np.float32))[..., None] * gain - box)
