@@ -163,9 +163,13 @@ def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_layer: np
         light = (float(skin_tgt @ _LUMA) + 1.0) / (float(skin_src @ _LUMA) + 1.0)
         # The source's iris colour in the target's light, per unit of the target
         # iris's luma: the luma gain bounded, the hue the source's.
-        y_src, y_tgt = float(iris_src @ _LUMA) + 1.0, float(iris_tgt @ _LUMA) + 1.0
+        colour = iris_src + 1.0
+        # No iris is magenta (green below both red and blue): a photo's tinted light
+        # makes one so (obama3's read [42, 27, 34]); green is raised to the lower.
+        colour[1] = max(colour[1], min(colour[0], colour[2]))
+        y_src, y_tgt = float(colour @ _LUMA), float(iris_tgt @ _LUMA) + 1.0
         gain = float(np.clip(y_src * light / y_tgt, *GAIN_RANGE))
-        gains.append(((iris_src + 1.0) / y_src * gain).astype(np.float32))
+        gains.append((colour / y_src * gain).astype(np.float32))
     return gains
 
 
