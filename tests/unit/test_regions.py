@@ -13,6 +13,7 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.swappers.classic import WORK_EYE_PX
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import face_outline_mask
 from facefuse.toolchain.synthetic import FacialHairKind, FrameKind, paste_facial_hair, paste_glasses
@@ -30,7 +31,7 @@ from facefuse.toolchain.trials import (
 PAIRS = [("obama", "biden", "astronaut"), ("biden", "astronaut", "obama"),
          ("obama2", "obama3", "astronaut")]
 #: The classic swapper's working eye distance for targets (pixels).
-WORK_EYE = 96.0
+WORK_EYE = WORK_EYE_PX
 
 
 def _working(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:

@@ -62,8 +62,8 @@ MID_TOP_UP = 0.0
 #: skin's robust standard deviations: pores and grain lie within, a feature's
 #: edge (a nostril's rim, a wrinkle's crease) far beyond.
 GRAIN_CLIP = 2.5
-#: Interpolation of the full-resolution warps: bicubic keeps more of the finest
-#: band than bilinear.
+#: Interpolation of the full-resolution warps (bilinear: the finest band's energy
+#: it softens is matched back to the photo's by the detail gains).
 INTERPOLATION = cv2.INTER_LINEAR
 #: Fewest measurable skin pixels for the per-face detail gains (else 1 and 0).
 MIN_SKIN_PIXELS = 64
@@ -189,11 +189,16 @@ def full_maps(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray, frame: Sc
 def _padded(window: tuple[int, int, int, int], pad: int, size: tuple[int, int]
             ) -> tuple[int, int, int, int]:
     """``window`` (x0, y0, x1, y1) grown by ``pad`` px within ``size`` (w, h), its
-    origin on even pixels: the detail's half-size low-passes and every-other-pixel
-    statistics then read the same pixels as over the whole region."""
+    origin on even pixels and, short of the region's edge, its width and height
+    even: the detail's half-size low-passes and every-other-pixel statistics then
+    pair the same pixels as over the whole region (exactly when its sides are even)."""
     x0, y0, x1, y1 = window
     x0, y0 = max(0, x0 - pad), max(0, y0 - pad)
-    return x0 - x0 % 2, y0 - y0 % 2, min(size[0], x1 + pad), min(size[1], y1 + pad)
+    x0, y0 = x0 - x0 % 2, y0 - y0 % 2
+    x1, y1 = min(size[0], x1 + pad), min(size[1], y1 + pad)
+    x1 += (x1 - x0) % 2 if x1 < size[0] else 0
+    y1 += (y1 - y0) % 2 if y1 < size[1] else 0
+    return x0, y0, x1, y1
 
 
 def detail_gains(e_src: float, e_tgt: float, e_ref: float) -> tuple[float, float]:

@@ -15,8 +15,10 @@ float32 0-255 in the frame of those landmarks.
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 
+from facefuse.faces import topology as topo
 from facefuse.fusion import mask as masks
 from facefuse.fusion.geometry import eye_groups
 from facefuse.imaging.stats import median
@@ -31,8 +33,15 @@ MIN_SAMPLES = 12
 #: ratio) are iris: the lids, the sclera and the catchlights are brighter.
 IRIS_OF_SKIN = 0.5
 #: The skin under an eye that sets its light: (inset from the eye's left, from its
-#: right), (top, bottom) below its lower lid, in eye widths.
+#: right), (top, bottom) below its lower lid, in eye widths along its own axis; and
+#: the grid of points read there (along, below).
 UNDER_EYE = ((0.15, 0.15), (0.15, 0.45))
+UNDER_EYE_GRID = (12, 6)
+#: Fewest iris pixels as a share of the annuli's pixels the openings show: a
+#: squint the landmarks do not follow shows lid skin, not iris, there.
+MIN_SEEN = 0.15
+#: An eye whose lids' opening is smaller than this share of its iris disc is shut.
+MIN_OPEN = 0.15
 #: BT.601 luma weights (RGB).
 _LUMA = np.array([0.299, 0.587, 0.114])
 #: Bounds of the iris's luma gain (a light iris made dark, a dark one light).
@@ -79,98 +88,107 @@ def _annulus(centre: np.ndarray, radius: float, size: tuple[int, int]
     return box, (d >= SAMPLE_RING[0] * radius) & (d <= SAMPLE_RING[1] * radius)
 
 
-def _iris_colour(image: np.ndarray, landmarks: np.ndarray, eye: tuple[tuple[int, ...], ...],
-                 skin: np.ndarray) -> np.ndarray | None:
-    """Median colour (3,) of ``image`` (h, w, 3) on an iris's annulus inside the lids'
-    opening (the lid contour of ``eye`` = (contour, iris), filled over the
-    annulus's box only: the same opening on both faces of a pair), of the pixels
-    darker than :data:`IRIS_OF_SKIN` × the luma of the ``skin`` (3,) under the eye:
-    a lid over the iris (a squint the landmarks do not follow), the sclera, the
-    catchlights are not iris. None with fewer than :data:`MIN_SAMPLES` of them: a
-    closed or squinting eye, whose iris is not seen."""
+def _iris_pixels(image: np.ndarray, landmarks: np.ndarray, eye: tuple[tuple[int, ...], ...],
+                 skin: np.ndarray) -> tuple[np.ndarray, int]:
+    """One eye's iris pixels (K, 3) in ``image`` (h, w, 3): its annulus inside the
+    lids' opening (the lid contour of ``eye`` = (contour, iris), filled over the
+    annulus's box only: the same opening on both faces of a pair), the pixels
+    darker than :data:`IRIS_OF_SKIN` × the ``skin`` colour's (3,) mean (a lid over
+    the iris — a squint the landmarks do not follow —, the sclera, the catchlights
+    are brighter); and how many pixels of the annulus the opening shows."""
     contour, iris = eye
-    found = _annulus(*_iris(landmarks, iris), (image.shape[1], image.shape[0]))
-    if found is None:
-        return None
+    centre, radius = _iris(landmarks, iris)
+    lids = np.asarray(landmarks[list(contour), :2], np.float32)
+    found = _annulus(centre, radius, (image.shape[1], image.shape[0]))
+    if found is None or cv2.contourArea(lids) < MIN_OPEN * np.pi * radius * radius:
+        return np.zeros((0, 3), np.float32), 0
     box, ring = found
     x0, y0, x1, y1 = box
-    pixels = image[y0:y1, x0:x1][ring & masks.inside_contour(landmarks, contour, box)]
-    pixels = pixels[pixels.mean(1) < IRIS_OF_SKIN * float(skin.mean())]
-    if len(pixels) < MIN_SAMPLES:
-        return None
-    out: np.ndarray = median(pixels, axis=0)
-    return out
+    seen = ring & masks.inside_contour(landmarks, contour, box)
+    pixels = image[y0:y1, x0:x1][seen]
+    return pixels[pixels.mean(1) < IRIS_OF_SKIN * float(skin.mean())], int(seen.sum())
 
 
-def _under_eye(image: np.ndarray, landmarks: np.ndarray, eye: tuple[int, ...]
-               ) -> np.ndarray | None:
-    """Median colour (3,) of the skin under an eye (:data:`UNDER_EYE`, in eye widths
-    below the lower lid); None off the image."""
-    pts = landmarks[list(eye), :2]
-    (ax, _), (bx, by) = pts.min(0), pts.max(0)
-    width = bx - ax
+def _under_eye(image: np.ndarray, landmarks: np.ndarray, contour: tuple[int, ...]
+               ) -> np.ndarray:
+    """Pixels (K, 3) of the skin under an eye: a grid over :data:`UNDER_EYE` (in eye
+    widths along and below the eye's own axis, so a rolled face reads the same
+    skin), those on the image."""
+    pts = landmarks[list(contour), :2].astype(np.float64)
+    centre = pts.mean(0)
+    along = np.linalg.svd(pts - centre, full_matrices=False)[2][0]
+    down = np.array([-along[1], along[0]])
+    mouth = landmarks[list(topo.MOUTH_CORNERS), :2].mean(0)
+    if (mouth - centre) @ down < 0:
+        down = -down
+    u, v = (pts - centre) @ along, (pts - centre) @ down
+    width = float(u.max() - u.min())
     (left, right), (top, bottom) = UNDER_EYE
+    su = np.linspace(u.min() + left * width, u.max() - right * width, UNDER_EYE_GRID[0])
+    sv = v.max() + width * np.linspace(top, bottom, UNDER_EYE_GRID[1])
+    grid = centre + su[None, :, None] * along + sv[:, None, None] * down
+    xy = np.rint(grid.reshape(-1, 2)).astype(np.int64)
     h, w = image.shape[:2]
-    x0, x1 = max(0, int(ax + left * width)), min(w, int(np.ceil(bx - right * width)))
-    y0, y1 = max(0, int(by + top * width)), min(h, int(np.ceil(by + bottom * width)))
-    if x1 - x0 < 2 or y1 - y0 < 2:
-        return None
-    out: np.ndarray = median(image[y0:y1, x0:x1].reshape(-1, 3), axis=0)
+    on = (xy[:, 0] >= 0) & (xy[:, 0] < w) & (xy[:, 1] >= 0) & (xy[:, 1] < h)
+    out: np.ndarray = image[xy[on, 1], xy[on, 0]].reshape(-1, 3)
     return out
 
 
-def iris_colour(image: np.ndarray, landmarks: np.ndarray,
-                eye: tuple[tuple[int, ...], tuple[int, ...]]
+def iris_colour(image: np.ndarray, landmarks: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(iris, skin)``: the median colours (3,) of one eye's iris (see
-    :func:`_iris_colour`) and of the skin under it, in ``image`` (h, w, 3) with its
-    ``landmarks``; ``eye`` = (lid contour, iris) indices as
-    :func:`facefuse.fusion.geometry.eye_groups` gives them. None where the iris is
-    not seen or the skin is off the image."""
-    skin = _under_eye(image, landmarks, eye[0])
-    found = None if skin is None else _iris_colour(image, landmarks, eye, skin)
-    return None if found is None or skin is None else (found, skin)
+    """``(iris, skin)``: the median colours (3,) of a face's irises (both eyes'
+    pixels pooled, :func:`_iris_pixels`: one colour, so the two eyes never differ)
+    and of the skin under its eyes, in ``image`` (h, w, 3) with its ``landmarks``
+    (478 points, at the image's own resolution: a small working copy leaves an
+    iris a few pixels wide). None where fewer than :data:`MIN_SAMPLES` iris pixels,
+    or fewer than :data:`MIN_SEEN` of the annuli's open pixels, are seen (closed or
+    squinting eyes), or the skin is off the image."""
+    if len(landmarks) < 478:
+        return None
+    groups = eye_groups(landmarks)
+    under = np.concatenate([_under_eye(image, landmarks, contour) for contour, _ in groups])
+    if len(under) < MIN_SAMPLES:
+        return None
+    skin = median(under, axis=0)
+    found = [_iris_pixels(image, landmarks, eye, skin) for eye in groups]
+    pixels = np.concatenate([p for p, _ in found])
+    seen = sum(n for _, n in found)
+    if len(pixels) < max(MIN_SAMPLES, MIN_SEEN * seen):
+        return None
+    return median(pixels, axis=0), skin
 
 
-def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_layer: np.ndarray,
-               dst: np.ndarray) -> list[np.ndarray | None]:
+def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_image: np.ndarray,
+               target_lm: np.ndarray) -> list[np.ndarray | None]:
     """Per eye (image-left, image-right), the colour (3,) an iris pixel of the target
-    takes per unit of its own luma (None: not measurable, keep the target's).
+    takes per unit of its own luma (None: not measurable, keep the target's); the
+    same for both eyes.
 
-    ``source_image`` (h, w, 3) with its ``source_lm``: the source in its own frame,
-    where its iris is read inside its own lids' opening (a squinting source
-    stretched onto the target's opening shows its lids there). ``target_layer``
-    (h, w, 3): the target warped onto the fused mesh ``dst``, its iris inside
-    ``dst``'s lids' opening (the eyes move rigidly). The colour is the source
-    iris's chromaticity (``src_iris / Y(src_iris)``) times a luma gain
-    ``Y(src_iris) / Y(tgt_iris) · Y(tgt_skin) / Y(src_skin)`` bounded to
+    Each face is read in its own image at full resolution with its own landmarks
+    (:func:`iris_colour`): the source's iris inside its own lids' opening (a
+    squinting source stretched onto the target's opening shows its lids there),
+    the target's inside its own (the eyes move rigidly onto the fused mesh). The
+    colour is the source iris's chromaticity (``src_iris / Y(src_iris)``) times a
+    luma gain ``Y(src_iris) / Y(tgt_iris) · Y(tgt_skin) / Y(src_skin)`` bounded to
     :data:`GAIN_RANGE`: the source's iris in the target's light (the skins' luma
     under the eyes), its hue its own. (Multiplying the target's channels by the
     source's over the target's, or the skins' ratio per channel, turned a dark
     source's brown iris navy on a fair target's amber one.)
     """
-    if len(source_lm) < 478 or len(dst) < 478:
+    src = iris_colour(source_image, source_lm)
+    tgt = iris_colour(target_image, target_lm)
+    if src is None or tgt is None:
         return [None, None]
-    gains: list[np.ndarray | None] = []
-    for (eye_s, iris_s), (eye_d, iris_d) in zip(eye_groups(source_lm), eye_groups(dst),
-                                                strict=True):
-        src = iris_colour(source_image, source_lm, (eye_s, iris_s))
-        tgt = iris_colour(target_layer, dst, (eye_d, iris_d))
-        if src is None or tgt is None:
-            gains.append(None)
-            continue
-        (iris_src, skin_src), (iris_tgt, skin_tgt) = src, tgt
-        light = (float(skin_tgt @ _LUMA) + 1.0) / (float(skin_src @ _LUMA) + 1.0)
-        # The source's iris colour in the target's light, per unit of the target
-        # iris's luma: the luma gain bounded, the hue the source's.
-        colour = iris_src + 1.0
-        # No iris is magenta (green below both red and blue): a photo's tinted light
-        # makes one so (obama3's read [42, 27, 34]); green is raised to the lower.
-        colour[1] = max(colour[1], min(colour[0], colour[2]))
-        y_src, y_tgt = float(colour @ _LUMA), float(iris_tgt @ _LUMA) + 1.0
-        gain = float(np.clip(y_src * light / y_tgt, *GAIN_RANGE))
-        gains.append((colour / y_src * gain).astype(np.float32))
-    return gains
+    (iris_src, skin_src), (iris_tgt, skin_tgt) = src, tgt
+    light = (float(skin_tgt @ _LUMA) + 1.0) / (float(skin_src @ _LUMA) + 1.0)
+    colour = iris_src + 1.0
+    # No iris is magenta (green below both red and blue): a photo's tinted light
+    # makes one so (obama3's read [42, 27, 34]); green is raised to the lower.
+    colour[1] = max(colour[1], min(colour[0], colour[2]))
+    y_src, y_tgt = float(colour @ _LUMA), float(iris_tgt @ _LUMA) + 1.0
+    gain = float(np.clip(y_src * light / y_tgt, *GAIN_RANGE))
+    out = (colour / y_src * gain).astype(np.float32)
+    return [out, out]
 
 
 def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray | None],

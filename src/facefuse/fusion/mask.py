@@ -119,7 +119,7 @@ def _soften(canvas: np.ndarray, erode_px: float, sigma: float, pad: int) -> np.n
         outside = canvas <= 127
         dist = cv2.distanceTransform(outside.astype(np.uint8), cv2.DIST_L2, 5)
         m = (np.where(dist <= -r, 1.0, m) if step == 1 else
-             np.where(outside, np.clip(1.0 - r - dist, 0.0, 1.0), m)).astype(np.float32)
+             np.where(outside, np.clip(1.0 - r - dist, 0.0, 1.0), 1.0)).astype(np.float32)
     m = cv2.GaussianBlur(m, (0, 0), sigmaX=sigma / step, sigmaY=sigma / step,
                          borderType=cv2.BORDER_CONSTANT)
     if step > 1:

@@ -314,10 +314,9 @@ class _Work:
     ``target_maps``/``source_maps`` the remap coordinates of the target's and the
     source's working images; ``valid`` (h, w) bool inside the mesh; ``direct``
     (h, w) the layer's share of the direct source sample; ``skin`` (h, w) where
-    the skin's tone and detail are measured; ``iris_gains`` the source's iris colour
-    over the target's, per eye (see :func:`facefuse.fusion.eyes.iris_gains`);
-    ``features`` (h, w) the fused mesh's eyes, brows and lips
-    (:func:`facefuse.fusion.mask.features_mask`), when the render drew them;
+    the skin's tone and detail are measured; ``features`` (h, w) the fused mesh's
+    eyes, brows and lips (:func:`facefuse.fusion.mask.features_mask`), when the
+    render drew them;
     ``own`` (h, w) in [0, 1] what is kept of the target's own eye openings and mouth.
     """
 
@@ -331,7 +330,6 @@ class _Work:
     valid: np.ndarray
     direct: np.ndarray
     skin: np.ndarray
-    iris_gains: list[np.ndarray | None]
     features: np.ndarray | None = None
     own: np.ndarray | None = None
 
@@ -472,8 +470,11 @@ class ClassicSwapper:
                 work.target_layer, work.direct, skin, work.own)
         if scale < 1.0:
             mask = cv2.resize(mask, frame.size, interpolation=cv2.INTER_LINEAR)
-        eyes.recolour_irises(face, dst - origin, work.iris_gains, options.texture_weight,
-                             feather)
+        if options.texture_weight > 0.0:
+            # The irises are read at full resolution, each face in its own image.
+            src_full = _crop_points(src_lm, _source_box(source_rgb.shape, src_lm), 1.0)
+            iris = eyes.iris_gains(src_crop.full, src_full, frame.full, tgt_lm - origin)
+            eyes.recolour_irises(face, dst - origin, iris, options.texture_weight, feather)
         if keep is not None:
             # At full size the occluder's outline is re-drawn crisp (one pixel of
             # growth covers its anti-aliased edge): its pixels must come back exactly.
@@ -520,10 +521,11 @@ class ClassicSwapper:
         if w_tex <= 0.0:
             return _Work(target_layer, mask, tgt_occ, 0.0 if options.evaluate else None,
                          target_layer, (mx_t, my_t), (mx_s, my_s), valid,
-                         np.zeros(mask.shape, np.float32), mask, [None, None])
+                         np.zeros(mask.shape, np.float32), mask)
         source_layer = self.pixels.remap(src_img, mx_s, my_s)
-        # The source's own colours (before its relighting), for its dark pixels.
-        raw = source_layer.copy() if relight else None
+        # The source's own colours (before its relighting and tone match): its dark
+        # pixels keep their hue (light.keep_dark_hue).
+        raw = source_layer.copy()
         gains = None
         if relight:
             gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
@@ -552,28 +554,25 @@ class ClassicSwapper:
                 d, m = sym.combine(vis_d * inside, vis_d * sym.sample_field(soft, mx_s, my_s),
                                    uncovered, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m)
-                mirror_raw = mirror_layer.copy() if raw is not None else None
+                mirror_raw = mirror_layer.copy()
                 tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ,
                                      outline, prep.get("tone", lambda: sym.tone_colours(
                                          src_img, src_lm, eye_distance(src_lm), outline)))
                 mirror_layer *= self._gain_field(tone if gains is None else tone * gains,
                                                  mesh_dst, dst, (w, h))
                 source_layer = sym.mix(source_layer, d, mirror_layer, m)
-                if raw is not None and mirror_raw is not None:
-                    raw = sym.mix(raw, d, mirror_raw, m)
+                raw = sym.mix(raw, d, mirror_raw, m)
                 keep = d + m
             reject = 1.0 - keep
         np.copyto(source_layer, target_layer, where=outside)
-        if raw is not None:
-            np.copyto(raw, target_layer, where=outside)
+        np.copyto(raw, target_layer, where=outside)
         skin = (mask > 0.5).astype(np.float32)
         if reject is not None:
             skin *= 1.0 - reject
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
         source_layer = self.pixels.lighting(source_layer, target_layer, skin, sigma,
                                             LIGHTING_MAX_GAIN)
-        if raw is not None:
-            light.keep_dark_hue(source_layer, raw, skin)
+        light.keep_dark_hue(source_layer, raw, skin)
         source_layer = match_sharpness(source_layer, target_layer, skin)
         alpha = np.full(mask.shape, w_tex, np.float32)
         if reject is not None:
@@ -589,7 +588,6 @@ class ClassicSwapper:
             # and inner lips into a closed mouth. The target's closed lips stay.
             left *= 1.0 - SOURCE_OPEN_LIPS_KEEP * masks.lips_mask(dst, frame, feather)
         alpha *= left
-        iris_gains = eyes.iris_gains(src_img, src_lm, target_layer, dst)
         features = None
         if relight:
             # The target's own highlights are the scene's light on its face: kept.
@@ -610,7 +608,7 @@ class ClassicSwapper:
         direct = alpha if fill is None else alpha * np.where(keep > 0, d / np.maximum(keep, 1e-6),
                                                                0.0).astype(np.float32)
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
-                     (mx_s, my_s), valid, direct, skin, iris_gains, features, 1.0 - left)
+                     (mx_s, my_s), valid, direct, skin, features, 1.0 - left)
 
     @staticmethod
     def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,
