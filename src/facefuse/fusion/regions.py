@@ -516,29 +516,39 @@ def glasses_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return _on_box(image, lm, box, 1.0, _glasses)
 
 
+def _crosses_bridge(lm: np.ndarray, on_bridge: np.ndarray, bridge_w: float) -> bool:
+    """Whether the ridge pixels ``on_bridge`` (H, W bool) cover at least
+    :data:`BRIDGE_SPAN` of the bridge's width ``bridge_w`` (px) along the eye line,
+    in bins of :data:`BRIDGE_BIN` eye distances (a thin frame's ridge may be dashed)."""
+    (_, ax), _ = _eye_frames(lm)
+    ys, xs = np.nonzero(on_bridge)
+    if not len(xs):
+        return False
+    u = xs * ax[0, 0] + ys * ax[0, 1]
+    step = max(1.0, BRIDGE_BIN * eye_distance(lm))
+    return bool(np.unique(np.floor(u / step)).size * step >= BRIDGE_SPAN * bridge_w)
+
+
 def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """:func:`glasses_mask` on the image cropped to the eye band."""
     h, w = image.shape[:2]
     out = np.zeros((h, w), np.float32)
     d = eye_distance(lm)
-    zone, rings = glasses_zone(lm, (h, w))
     bridge, bridge_w = _bridge(lm, (h, w))
     luma = _luma(image.astype(np.float32))
     closed = cv2.morphologyEx(luma, cv2.MORPH_CLOSE, occ.disc(FRAME_HAT * d))
     contrast = (closed - luma) / (closed + 8.0)
-    ridge = (contrast > FRAME_CONTRAST) & zone
-    if not ridge.any():
+    lines = contrast > FRAME_CONTRAST
+    # A frame crosses the nose bridge: its ridge (a thin one may be dashed) covers
+    # most of the bridge's width. Looked at first on the bridge alone: most faces
+    # wear no glasses, and the zone around the eyes is the finder's dearest part.
+    if not _crosses_bridge(lm, bridge & lines, bridge_w):
+        return out
+    zone, rings = glasses_zone(lm, (h, w))
+    ridge = lines & zone
+    if not _crosses_bridge(lm, bridge & ridge, bridge_w):
         return out
     n, labels = cv2.connectedComponents(ridge.astype(np.uint8), connectivity=8)
-    # A frame crosses the nose bridge: its ridge (a thin one may be dashed) covers
-    # most of the bridge's width.
-    (_, ax), _ = _eye_frames(lm)
-    ys, xs = np.nonzero(bridge & ridge)
-    u = xs * ax[0, 0] + ys * ax[0, 1]
-    step = max(1.0, BRIDGE_BIN * d)
-    covered = np.unique(np.floor(u / step)).size * step if len(u) else 0.0
-    if covered < BRIDGE_SPAN * bridge_w:
-        return out
     pieces = np.zeros(n, bool)
     rims = []
     for ring, (c, axes) in zip(rings, _eye_frames(lm), strict=True):
