@@ -210,7 +210,7 @@ def hair_features(image: np.ndarray, lm: np.ndarray, frame: _Frame | None = None
     x = image.astype(np.float32)
     b = cv2.GaussianBlur(x, (0, 0), max(0.7, 0.02 * d))
     luma = _luma(b)
-    total = b.sum(-1) + 3.0
+    total = b[..., 0] + b[..., 1] + b[..., 2] + np.float32(3.0)  # (a strided sum is slow)
     r, g = (b[..., 0] + 1.0) / total, (b[..., 1] + 1.0) / total
     # Oriented fine texture: the structure tensor's trace of the high-pass luma.
     fine = _luma(x)
