@@ -50,6 +50,11 @@ _LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 #: decimation, its bilinear warp, its upsampling) softens everything above about
 #: a quarter of its sampling rate; this split leaves that band to the detail.
 SPLIT_SIGMA = 1.5
+#: ... and at least this σ in full-resolution pixels: a face rendered at (or near)
+#: its own scale would otherwise carry the source's texture between σ 1.5 and 2.5
+#: px unmatched in the change, sharper than a smooth target (a stubbled 2 MP
+#: source into a 60-px face: 1.6x the target's band energy).
+MIN_SPLIT_PX = 2.5
 #: The finest detail band (grain, pores) is matched on its own: below this σ
 #: (full-resolution pixels).
 FINE_SIGMA = 1.0
@@ -268,7 +273,8 @@ def full_resolution_layer(
         warped[y0:y1, x0:x1] = cv2.remap(target.full, mx, my, INTERPOLATION,
                                          borderMode=cv2.BORDER_REFLECT_101)
     layer: np.ndarray = warped.astype(np.float32)
-    change = low_pass(np.subtract(fused_small, target_small, dtype=np.float32), SPLIT_SIGMA)
+    split_small = max(SPLIT_SIGMA, MIN_SPLIT_PX * min(target.ratio))
+    change = low_pass(np.subtract(fused_small, target_small, dtype=np.float32), split_small)
     if own_small is not None:
         # (At the working scale: the kept features' masks are feathered, smooth.)
         change *= (1.0 - own_small)[..., None]
@@ -281,7 +287,7 @@ def full_resolution_layer(
     shown = nonzero_window(np.maximum(direct, skin), target.ratio, size)
     if shown is None or not direct.any():
         return layer
-    split = SPLIT_SIGMA / min(target.ratio)
+    split = split_small / min(target.ratio)
     # The detail bands are computed only where the source is shown or the skin read.
     box = _padded(shown, int(np.ceil(3.0 * split)), size)
     x0, y0, x1, y1 = box
