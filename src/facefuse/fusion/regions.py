@@ -402,10 +402,15 @@ BRIDGE_SPAN = 0.5
 BRIDGE_BIN = 0.02
 #: A fitted rim's centre lies within RIM_CENTRE_SLACK eye distances of the eye's,
 #: its half-axes between RIM_AXES. The outer eye corners are about 90 mm apart and
-#: even large lenses are under 62 mm wide (half-width ≤ 0.35 eye distances); an
-#: "ellipse" through lid creases, brow and eye bag is wider (0.38-0.40).
+#: common lenses are 48-58 mm wide (half-width 0.27-0.32 eye distances; the
+#: synthetic frames fit at 0.28-0.30); an "ellipse" through lid creases, brow and
+#: eye bag is wider (0.35-0.40: obama2's, with YuNet's mesh at 80 px, 0.346).
 RIM_CENTRE_SLACK = 0.2
-RIM_AXES = (0.08, 0.36)
+RIM_AXES = (0.08, 0.33)
+#: The two rims of a pair are twins: their fitted areas within this ratio (a
+#: turned head foreshortens the far one by cos(yaw): 1.4 at 45°; the synthetic
+#: frames 1.0-1.22; obama2's lid-crease "ellipses" 1.77).
+RIM_TWIN_RATIO = 1.6
 #: At least RIM_ON_ELLIPSE of a rim's pixels lie within RIM_BAND eye distances of
 #: the fitted ellipse.
 RIM_ON_ELLIPSE = 0.6
@@ -564,6 +569,9 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
         if fit is None:
             return out
         rims.append((fit, rim))
+    areas = [a * b for (_, (a, b), _), _ in rims]
+    if max(areas) > RIM_TWIN_RATIO * min(areas):
+        return out
     # The rims, and what connects to them (the bridge, the temples).
     binary = (ridge & pieces[labels]).astype(np.uint8)
     grown = cv2.dilate(binary, occ.disc(0.02 * d)) > 0
@@ -604,14 +612,15 @@ def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1
         functools.partial(occ.occluders_on_crop, rim_grow=rim_grow)]
     if facial_hair:
         finders.append(facial_hair_mask)
-    if glasses and scale >= 1.0:
-        finders.append(glasses_mask)
 
     def union(crop: np.ndarray, crop_lm: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.maximum.reduce([f(crop, crop_lm) for f in finders])
         return out
 
     found = occ.on_face_crop(image, lm, union, scale=scale)
-    if glasses and scale < 1.0:
+    if glasses:
+        # On the image itself, never on the face outline's crop: the eye band's box
+        # reaches past the outline at the temples, and cut there, the frames' ridge
+        # test saw the crop's edge (obama2 at 80 px: "frames" round both eyes).
         np.maximum(found, glasses_mask(image, lm), out=found)
     return found
