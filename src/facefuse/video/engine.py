@@ -7,8 +7,9 @@ CLIP -o OUT``). Work is done once, not per frame:
 * the **source** photos are decoded and analysed once, before the first frame;
 * **detection** runs on the first frame, every ``detect_every`` frames, after a
   scene cut, and as soon as a track is lost; on the frames between, each face's
-  mesh is refined from the previous frame's landmarks (one mesh + iris run per
-  face, no detector) — :mod:`facefuse.video.tracker`;
+  mesh is refined from the previous frame's landmarks (one mesh run per face, no
+  detector; the iris model every ``iris_every`` frames, the irises carried with
+  the eyes between) — :mod:`facefuse.video.tracker`;
 * an IoU + embedding **tracker** keeps each person's identity, so ``one`` keeps
   fusing the same person when a second face enters, ``reference`` fuses only the
   person in the reference photo, and a mapping's ``target`` names a track (0 =

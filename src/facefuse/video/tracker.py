@@ -8,7 +8,8 @@ turned with the face. A detection pass (every few frames, after a cut, or when
 a track is lost) is matched to the tracks by box overlap (IoU) and identity
 (embedding distance): overlap decides while the camera runs on; identity alone
 after a cut or for a person coming back, so each person keeps their track id
-across cuts and occlusions.
+across cuts and occlusions. On frames where the iris model does not run,
+:func:`carried_eyes` moves the last frame's irises with the eyes.
 """
 
 from __future__ import annotations
