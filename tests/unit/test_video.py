@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from video_clips import blank, clip, scene
 
-from facefuse.errors import CancelledError, InvalidVideoError, VideoTooLargeError
+from facefuse.errors import CancelledError, InvalidVideoError, ModelError, VideoTooLargeError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.landmarker import EYE_CONTOUR_INDICES
@@ -23,7 +23,7 @@ from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.types import FuseOptions
 from facefuse.video.engine import ClipFusion, FrameStats, VideoFuser, VideoOptions
-from facefuse.video.io import Frame, VideoLimits, VideoReader, probe
+from facefuse.video.io import Frame, VideoLimits, VideoReader, VideoWriter, probe
 from facefuse.video.smoothing import OneEuroFilter
 from facefuse.video.tracker import carried_eyes
 
@@ -335,6 +335,34 @@ def test_cancel_leaves_no_output(video: VideoFuser, clips: dict[str, Path],
     out = tmp_path / "c.mp4"
     with pytest.raises(CancelledError):
         video.fuse_video(sample_paths[SOURCE], clips["motion"], out, cancelled=cancelled)
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where", ["render", "encode"])
+def test_a_failure_in_a_pipeline_thread_surfaces_typed(
+        fuser: FaceFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A typed error raised in a render thread or in the encoder's thread reaches
+    the caller as itself, mid-clip, and leaves no output."""
+    calls = []
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 5:
+            raise ModelError("model run failed", code="model_failed")
+        return real(*args, **kw)
+
+    if where == "render":
+        swapper = fuser.swappers["classic"]
+        real = swapper.render
+        monkeypatch.setattr(swapper, "render", failing)
+    else:
+        real = VideoWriter.write
+        monkeypatch.setattr(VideoWriter, "write", failing)
+    out = tmp_path / "out.mp4"
+    with pytest.raises(ModelError) as err:
+        VideoFuser(fuser).fuse_video(sample_paths[SOURCE], clips["motion"], out)
+    assert err.value.code == "model_failed" and len(calls) >= 5
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
