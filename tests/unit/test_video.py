@@ -15,14 +15,17 @@ import numpy as np
 import pytest
 from video_clips import blank, clip, scene
 
-from facefuse.errors import CancelledError, InvalidVideoError, VideoTooLargeError
+from facefuse.errors import CancelledError, InvalidVideoError, ModelError, VideoTooLargeError
+from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
+from facefuse.faces.landmarker import EYE_CONTOUR_INDICES
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.types import FuseOptions
 from facefuse.video.engine import ClipFusion, FrameStats, VideoFuser, VideoOptions
-from facefuse.video.io import Frame, VideoLimits, VideoReader, probe
+from facefuse.video.io import Frame, VideoLimits, VideoReader, VideoWriter, probe
 from facefuse.video.smoothing import OneEuroFilter
+from facefuse.video.tracker import carried_eyes
 
 SOURCE = "biden"
 
@@ -204,6 +207,57 @@ def test_tracked_mesh_matches_a_fresh_detection(
     assert max(errors) < 0.05  # within 5 % of the eye distance on every frame
 
 
+def test_carried_irises_follow_the_eye_and_match_the_iris_model(
+        fuser: FaceFuser, clips: dict[str, Path], sample_paths: dict[str, Path]) -> None:
+    """Between detections the iris model runs every other frame; on the frames
+    between, the irises and eye contours carried with the eyes stay within 5 % of
+    the eye distance of what the model finds in that frame."""
+    errors, calls = [], {1: 0, 2: 0}
+    runs = {}
+    runner = fuser.analyser._runner
+    for every in (1, 2):
+        opts = VideoOptions(detect_every=300, smooth=False, iris_every=every)
+
+        def counted(call: stages.ModelCall, every: int = every) -> stages.Outputs:
+            calls[every] += call.model == "iris"
+            return runner(call)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fuser.analyser, "run", lambda st: stages.run_sync(st, counted))
+            runs[every] = [s.raw_landmarks[0] for _, s in
+                           run_states(fuser, clips["motion"], opts, sample_paths)]
+    for a, b in zip(runs[1], runs[2], strict=True):
+        eyes = [*range(468, 478), *EYE_CONTOUR_INDICES[0], *EYE_CONTOUR_INDICES[1]]
+        errors.append(float(np.linalg.norm(a[eyes, :2] - b[eyes, :2], axis=1).max())
+                      / eye_distance(a))
+    # The source photo, then every frame; or every other tracked frame.
+    assert calls[1] == 1 + 16 and calls[2] == 1 + 1 + 8, calls
+    assert max(errors) < 0.05 and max(errors) > 0.0
+
+
+def test_irises_are_not_carried_through_a_blink_or_a_jump() -> None:
+    rng = np.random.default_rng(1)
+    before = np.zeros((478, 3), np.float32)
+    before[:, :2] = rng.uniform(-100, 100, (478, 2))
+    for contour, x in zip(EYE_CONTOUR_INDICES, (-50.0, 30.0), strict=True):  # 40-px eyes
+        before[list(contour), :2] = rng.uniform(0, 40, (16, 2)) * [1.0, 0.3] + [x, 0.0]
+        before[contour[0], :2] = before[contour[8], :2] + [40.0, 0.0]
+    raw = before[:468].copy()
+    turn = np.array([[np.cos(0.05), -np.sin(0.05)], [np.sin(0.05), np.cos(0.05)]]) * 1.03
+    moved = raw.copy()
+    moved[:, :2] = raw[:, :2] @ turn.T + [3.0, -2.0]
+    carried = carried_eyes(moved, raw, before)
+    assert carried is not None  # a turn, a zoom and a shift are carried exactly
+    np.testing.assert_allclose(carried[468:, :2], before[468:, :2] @ turn.T + [3.0, -2.0],
+                               atol=1e-3)
+    blink = moved.copy()
+    blink[list(EYE_CONTOUR_INDICES[1][9:]), 1] += 8.0  # an upper lid drops
+    assert carried_eyes(blink, raw, before) is None
+    jump = moved.copy()
+    jump[:, 0] += 20.0  # half an eye width in one frame
+    assert carried_eyes(jump, raw, before) is None
+
+
 def test_smoothing_steadies_landmarks(fuser: FaceFuser, clips: dict[str, Path],
                                       sample_paths: dict[str, Path]) -> None:
     raw, smooth = [], []
@@ -281,6 +335,34 @@ def test_cancel_leaves_no_output(video: VideoFuser, clips: dict[str, Path],
     out = tmp_path / "c.mp4"
     with pytest.raises(CancelledError):
         video.fuse_video(sample_paths[SOURCE], clips["motion"], out, cancelled=cancelled)
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where", ["render", "encode"])
+def test_a_failure_in_a_pipeline_thread_surfaces_typed(
+        fuser: FaceFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A typed error raised in a render thread or in the encoder's thread reaches
+    the caller as itself, mid-clip, and leaves no output."""
+    calls = []
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 5:
+            raise ModelError("model run failed", code="model_failed")
+        return real(*args, **kw)
+
+    if where == "render":
+        swapper = fuser.swappers["classic"]
+        real = swapper.render
+        monkeypatch.setattr(swapper, "render", failing)
+    else:
+        real = VideoWriter.write
+        monkeypatch.setattr(VideoWriter, "write", failing)
+    out = tmp_path / "out.mp4"
+    with pytest.raises(ModelError) as err:
+        VideoFuser(fuser).fuse_video(sample_paths[SOURCE], clips["motion"], out)
+    assert err.value.code == "model_failed" and len(calls) >= 5
     assert not out.exists() and not list(tmp_path.iterdir())
 
 

@@ -33,7 +33,7 @@ server can share them between requests through its cache.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -342,30 +342,45 @@ def _reoriented(
                 meshes[i], presences[i] = m, p
 
 
-def mesh(fm: FaceMesh, rgb: np.ndarray, detections: Sequence[Detection]) -> Stage[list[Face]]:
+#: ``carry(i, mesh)``: for detection ``i`` and its (468, 3) mesh in image pixels, the
+#: (478, 3) landmarks to use without running the iris model, or None to run it.
+EyeCarry = Callable[[int, np.ndarray], np.ndarray | None]
+
+
+def mesh(fm: FaceMesh, rgb: np.ndarray, detections: Sequence[Detection], *,
+         carry: EyeCarry | None = None) -> Stage[list[Face]]:
     """Mesh (+ iris) of each detection, in the same order: Faces without embeddings.
 
     A mesh with a low face-presence score is fitted again in the other quarter
     turns of its ROI. With no iris model the 10 iris points are estimated from the
-    eye contours.
+    eye contours. ``carry`` lets a caller that can place the eyes itself (a tracker
+    carrying them from the previous frame) skip the iris model for some faces;
+    without it every face runs it.
     """
     if not detections:
         return []
     meshes, presences = yield from _dense_mesh(fm, rgb, detections)
     yield from _reoriented(fm, rgb, detections, meshes, presences)
+    full: list[np.ndarray | None] = [None if carry is None else carry(i, m)
+                                     for i, m in enumerate(meshes)]
+    todo = [i for i, lm in enumerate(full) if lm is None]
     if fm.iris is None:
-        full = [fm.estimate_iris(m) for m in meshes]
-    else:
-        eyes = [fm.eye_rois(rgb, m) for m in meshes]
-        iris_in = tuple(x for pair in eyes for x, _ in pair)
-        iris_out = yield ModelCall(registry_name(fm.iris), iris_in)
-        full = []
-        for i, m in enumerate(meshes):
-            left, right = iris_out[2 * i], iris_out[2 * i + 1]
+        for i in todo:
+            full[i] = fm.estimate_iris(meshes[i])
+    elif todo:
+        eyes = {i: fm.eye_rois(rgb, meshes[i]) for i in todo}
+        iris_out = yield ModelCall(registry_name(fm.iris),
+                                   tuple(x for i in todo for x, _ in eyes[i]))
+        for j, i in enumerate(todo):
+            left, right = iris_out[2 * j], iris_out[2 * j + 1]
             contours = np.stack([left[0].reshape(-1), right[0].reshape(-1)])
             irises = np.stack([left[1].reshape(-1), right[1].reshape(-1)])
-            full.append(fm.refine(m, contours, irises, [M for _, M in eyes[i]]))
-    return [make_face(d, lm, p) for d, lm, p in zip(detections, full, presences, strict=True)]
+            full[i] = fm.refine(meshes[i], contours, irises, [M for _, M in eyes[i]])
+    faces = []
+    for d, lm, p in zip(detections, full, presences, strict=True):
+        assert lm is not None
+        faces.append(make_face(d, lm, p))
+    return faces
 
 
 def largest_first(faces: Sequence[Face]) -> list[Face]:

@@ -7,8 +7,9 @@ CLIP -o OUT``). Work is done once, not per frame:
 * the **source** photos are decoded and analysed once, before the first frame;
 * **detection** runs on the first frame, every ``detect_every`` frames, after a
   scene cut, and as soon as a track is lost; on the frames between, each face's
-  mesh is refined from the previous frame's landmarks (one mesh + iris run per
-  face, no detector) — :mod:`facefuse.video.tracker`;
+  mesh is refined from the previous frame's landmarks (one mesh run per face, no
+  detector; the iris model every ``iris_every`` frames, the irises carried with
+  the eyes between) — :mod:`facefuse.video.tracker`;
 * an IoU + embedding **tracker** keeps each person's identity, so ``one`` keeps
   fusing the same person when a second face enters, ``reference`` fuses only the
   person in the reference photo, and a mapping's ``target`` names a track (0 =
@@ -64,7 +65,7 @@ from facefuse.video.io import (
     probe,
 )
 from facefuse.video.smoothing import ToneStabiliser
-from facefuse.video.tracker import Track, Tracker, detection_from_mesh
+from facefuse.video.tracker import Track, Tracker, carried_eyes, detection_from_mesh
 
 __all__ = ["ClipFusion", "FramePlan", "FrameStats", "Progress", "VideoFuser", "VideoOptions",
            "VideoReport"]
@@ -94,6 +95,10 @@ class VideoOptions:
         window: frames in flight between the decoder, the fusion and the encoder.
         threads: frames rendered at once (the renders of frame ``n`` overlap the
             tracking of frame ``n + 1``; 1: one frame at a time).
+        iris_every: between detections, the iris model runs on a tracked face every
+            this many frames (1: every frame); on the frames between, the last
+            frame's irises and eye contours move with the eyes, unless an eye moved
+            or changed shape (a blink) too much to carry them.
     """
 
     fuse: FuseOptions = field(default_factory=FuseOptions)
@@ -102,9 +107,11 @@ class VideoOptions:
     smooth: bool = True
     window: int = 8
     threads: int = 2
+    iris_every: int = 2
 
     def __post_init__(self) -> None:
-        for name, high in (("detect_every", 300), ("window", 64), ("threads", 16)):
+        for name, high in (("detect_every", 300), ("window", 64), ("threads", 16),
+                           ("iris_every", 10)):
             value = getattr(self, name)
             if not isinstance(value, int) or not 1 <= value <= high:
                 raise InvalidArgumentError(f"{name} must be an integer in 1..{high}",
@@ -374,7 +381,20 @@ class ClipFusion:
         for tr in active:
             assert tr.face.landmarks is not None
             dets.append(detection_from_mesh(tr.face.landmarks, tr.calib, tr.face.score))
-        faces = self.analyser.run(stages.mesh(self.analyser.models.mesh, rgb, dets))
+        fm = self.analyser.models.mesh
+        every = self.options.iris_every if fm.iris is not None else 1
+
+        def carry(i: int, mesh: np.ndarray) -> np.ndarray | None:
+            tr = active[i]
+            before, tr.raw_mesh = tr.raw_mesh, mesh
+            lm = None
+            if before is not None and tr.iris_age + 1 < every:
+                assert tr.face.landmarks is not None
+                lm = carried_eyes(mesh, before, tr.face.landmarks, fm.refine_eyes)
+            tr.iris_age = 0 if lm is None else tr.iris_age + 1
+            return lm
+
+        faces = self.analyser.run(stages.mesh(fm, rgb, dets, carry=carry))
         out: dict[int, Face | None] = {}
         for tr, f in zip(active, faces, strict=True):
             keep = f.mesh_score is not None and f.mesh_score >= LOST_BELOW

@@ -8,7 +8,8 @@ turned with the face. A detection pass (every few frames, after a cut, or when
 a track is lost) is matched to the tracks by box overlap (IoU) and identity
 (embedding distance): overlap decides while the camera runs on; identity alone
 after a cut or for a person coming back, so each person keeps their track id
-across cuts and occlusions.
+across cuts and occlusions. On frames where the iris model does not run,
+:func:`carried_eyes` moves the last frame's irises with the eyes.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from facefuse.faces.landmarker import EYE_CONTOUR_INDICES, MESH_POINTS
 from facefuse.faces.types import Detection, Face
 from facefuse.fusion.mapping import iou
 from facefuse.video.smoothing import OneEuroFilter
 
-__all__ = ["Track", "Tracker", "detection_from_mesh", "mesh_box"]
+__all__ = ["Track", "Tracker", "carried_eyes", "detection_from_mesh", "mesh_box"]
 
 #: Mesh points of the image-left eye, the image-right eye, nose tip, mouth centre,
 #: and the two ear-side cheek points (BlazeFace's six keypoints, in its order).
@@ -30,6 +32,15 @@ _KEYPOINTS = ((33, 133), (362, 263), (1,), (13,), (234,), (454,))
 RECENT_FRAMES = 2
 #: Most tracks remembered (active and lost) for re-identification.
 MAX_TRACKS = 32
+#: The iris points of the image-left and the image-right eye (centre first).
+_IRIS = (tuple(range(MESH_POINTS, MESH_POINTS + 5)),
+         tuple(range(MESH_POINTS + 5, MESH_POINTS + 10)))
+#: An eye whose contour moved by more than this (eye widths, its centre) since the
+#: last frame is measured again by the iris model rather than carried.
+CARRY_MOVE = 0.25
+#: ... or whose contour changed shape by more than this (eye widths, the largest
+#: point's distance from the previous contour moved along rigidly): a blink, a squint.
+CARRY_SHAPE = 0.05
 
 
 def mesh_box(landmarks: np.ndarray) -> np.ndarray:
@@ -101,6 +112,10 @@ class Track:
     tone: object | None = None
     #: The mesh-box area when first seen (the "largest person" of mode ``one``).
     first_area: float = 0.0
+    #: The last frame's dense (468, 3) mesh before the iris model refined its eye
+    #: contours (None: not known), and the frames since the iris model last ran.
+    raw_mesh: np.ndarray | None = None
+    iris_age: int = 0
 
     def add_embedding(self, e: np.ndarray | None) -> None:
         if e is None:
@@ -114,6 +129,7 @@ class Track:
     def reset_filters(self) -> None:
         """Forget the motion history (a cut)."""
         self.landmarks.reset()
+        self.raw_mesh = None
         reset = getattr(self.tone, "reset", None)
         if callable(reset):
             reset()
@@ -184,6 +200,7 @@ class Tracker:
                 if not t.active or cut:
                     t.reset_filters()
                 t.face, t.calib, t.last_seen, t.active = f, BoxCalibration.of(f), frame, True
+                t.raw_mesh = None
                 t.add_embedding(f.embedding)
             else:
                 t = self._new(f, frame)
@@ -204,6 +221,52 @@ class Tracker:
             if gone is not None:
                 self.tracks.remove(gone)
         return t
+
+
+def _similarity(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The least-squares similarity (rotation + uniform scale ``R`` (2, 2), shift
+    ``t`` (2,)) taking points ``a`` (N, 2) onto ``b`` (N, 2): ``b ≈ a @ R.T + t``."""
+    ca, cb = a.mean(axis=0), b.mean(axis=0)
+    da, db = a - ca, b - cb
+    n = float((da**2).sum())
+    if n <= 0.0:
+        return np.eye(2), cb - ca
+    p = float((da * db).sum()) / n
+    q = float((da[:, 0] * db[:, 1] - da[:, 1] * db[:, 0]).sum()) / n
+    r = np.array([[p, -q], [q, p]])
+    return r, cb - ca @ r.T
+
+
+def carried_eyes(mesh: np.ndarray, raw_before: np.ndarray, before: np.ndarray,
+                 refined_contours: bool = True) -> np.ndarray | None:
+    """This frame's (478, 3) landmarks without an iris-model run: the dense ``mesh``
+    (468+, 3) with the last frame's iris points (and, with ``refined_contours``, its
+    iris-refined eye contours) moved along with each eye.
+
+    ``raw_before`` is the last frame's dense mesh before refinement and ``before`` its
+    (478, 3) landmarks. Each eye's motion is the similarity that takes its contour in
+    ``raw_before`` onto the one in ``mesh``. None when an eye moved more than
+    :data:`CARRY_MOVE` or changed shape more than :data:`CARRY_SHAPE` (then the iris
+    model should look again)."""
+    now = np.asarray(mesh, np.float64)[:MESH_POINTS]
+    old_raw = np.asarray(raw_before, np.float64)[:MESH_POINTS]
+    old = np.asarray(before, np.float64)
+    out = np.zeros((MESH_POINTS + 10, 3), np.float64)
+    out[:MESH_POINTS] = now
+    for contour, iris in zip(EYE_CONTOUR_INDICES, _IRIS, strict=True):
+        idx = list(contour)
+        a, b = old_raw[idx, :2], now[idx, :2]
+        width = max(float(np.linalg.norm(b[0] - b[8])), 1.0)  # the eye's two corners
+        r, t = _similarity(a, b)
+        if (float(np.linalg.norm(b.mean(axis=0) - a.mean(axis=0))) > CARRY_MOVE * width
+                or float(np.abs(a @ r.T + t - b).max()) > CARRY_SHAPE * width):
+            return None
+        ix = list(iris)
+        out[ix, :2] = old[ix, :2] @ r.T + t
+        out[ix, 2] = old[ix, 2] + float(now[idx, 2].mean() - old_raw[idx, 2].mean())
+        if refined_contours:
+            out[idx, :2] = old[idx, :2] @ r.T + t
+    return out.astype(np.float32)
 
 
 def _distance(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
