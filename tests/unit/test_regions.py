@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from facefuse.faces.analyser import FaceAnalyser
+from facefuse.faces.detectors import Purpose
 from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
@@ -54,7 +55,8 @@ def _variant(image: np.ndarray, name: str) -> np.ndarray:
                               borderMode=cv2.BORDER_REFLECT_101)
     if name == "relit":
         ramp = np.linspace(0.65, 1.25, w, dtype=np.float32)[None, :, None]
-        return np.clip(image.astype(np.float32) * ramp, 0, 255).astype(np.uint8)
+        out: np.ndarray = np.clip(image.astype(np.float32) * ramp, 0, 255).astype(np.uint8)
+        return out
     return image
 
 
@@ -66,14 +68,16 @@ def test_clean_faces_have_no_regions(analyser: FaceAnalyser, samples: dict[str, 
     shadow under the nose and a shaded jaw are not hair)."""
     for name, s in samples.items():
         image = _variant(s.image, variant)
-        img, lm, _ = _working(image, analyser.analyse(image, embed=False)[0].landmarks)
+        found = analyser.analyse(image, embed=False)[0].landmarks
+        assert found is not None
+        img, lm, _ = _working(image, found)
         assert not regions.facial_hair_mask(img, lm).any(), (name, variant)
         assert not regions.glasses_mask(img, lm).any(), (name, variant)
 
 
 @pytest.mark.parametrize("purpose", ["largest", "all"])
 def test_the_occluder_mask_finds_no_glasses_on_clean_faces(
-        analyser: FaceAnalyser, samples: dict[str, Sample], purpose: str) -> None:
+        analyser: FaceAnalyser, samples: dict[str, Sample], purpose: Purpose) -> None:
     """Through the swapper's own entry point (the occluder mask with the regions, on
     the working copy of the face's region), glasses add nothing on a face without
     them, with either detector's mesh. (Looked for on the face outline's crop, the
@@ -81,6 +85,7 @@ def test_the_occluder_mask_finds_no_glasses_on_clean_faces(
     round both eyes.)"""
     for name, s in samples.items():
         lm = analyser.analyse(s.image, embed=False, purpose=purpose)[0].landmarks
+        assert lm is not None
         img, local, _ = _working(s.image, lm)
         with_glasses = regions.face_occluders(img, local, glasses=True)
         without = regions.face_occluders(img, local, glasses=False)

@@ -12,7 +12,7 @@ from facefuse.imaging.stats import SORT_BELOW, median
 @pytest.mark.parametrize("shape", [(1,), (2,), (7,), (300,), (41, 3), (12, 17), (5000,)])
 def test_median_is_numpys(dtype: type, shape: tuple[int, ...]) -> None:
     rng = np.random.default_rng(sum(shape))
-    a = (rng.random(shape) * 255).astype(dtype)
+    a: np.ndarray = (rng.random(shape) * 255).astype(dtype)
     for axis in [None, *range(len(shape))]:
         ours, theirs = median(a, axis=axis), np.median(a, axis=axis)
         assert np.asarray(ours).dtype == np.asarray(theirs).dtype

@@ -5,7 +5,7 @@ it is, and how it refuses bad clips."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -352,6 +352,7 @@ def test_a_failure_in_a_pipeline_thread_surfaces_typed(
             raise ModelError("model run failed", code="model_failed")
         return real(*args, **kw)
 
+    real: Callable[..., Any]
     if where == "render":
         swapper = fuser.swappers["classic"]
         real = swapper.render
