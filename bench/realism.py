@@ -58,7 +58,9 @@ SHEET = (("obama", "biden", "native"), ("biden", "obama3", "native"),
 
 
 def variant(image: np.ndarray, name: str) -> np.ndarray:
-    """A reproducible variant (RGB uint8) of ``image``."""
+    """A reproducible variant (RGB uint8) of ``image``: the same as
+    :func:`facefuse.toolchain.synthetic.variant`, kept here because the render
+    worker runs on the base commit's ``src/``, which may not have it."""
     if name == "native":
         return image
     if name == "mirrored":

@@ -51,7 +51,7 @@ from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.samples import fetch_samples
-from facefuse.toolchain.synthetic import FACIAL_HAIR_KINDS, FRAME_KINDS
+from facefuse.toolchain.synthetic import FACIAL_HAIR_KINDS, FRAME_KINDS, VARIANTS, variant
 from facefuse.toolchain.trials import (
     Sample,
     facial_hair_leak_trial,
@@ -59,7 +59,6 @@ from facefuse.toolchain.trials import (
     glasses_leak_trial,
     glasses_survival_trial,
 )
-from realism import VARIANTS, variant
 from report import machine, machine_line, publish, write_json
 
 #: (source, target, donor of the hair or frame pixels): every identity in each role;

@@ -18,6 +18,7 @@ from facefuse.fusion.swappers.classic import WORK_EYE_PX
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import face_outline_mask
 from facefuse.toolchain.synthetic import FacialHairKind, FrameKind, paste_facial_hair, paste_glasses
+from facefuse.toolchain.synthetic import variant as synthetic_variant
 from facefuse.toolchain.trials import (
     REGIONS,
     Sample,
@@ -44,22 +45,6 @@ def _working(image: np.ndarray, lm: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return small, local, s
 
 
-def _variant(image: np.ndarray, name: str) -> np.ndarray:
-    """The sample as mirrored, tilted by ±12° or relit from one side (a gain ramp)."""
-    h, w = image.shape[:2]
-    if name == "mirrored":
-        return np.ascontiguousarray(image[:, ::-1])
-    if name.startswith("tilt"):
-        rot = cv2.getRotationMatrix2D((w / 2, h / 2), float(name[4:]), 1.0)
-        return cv2.warpAffine(image, rot, (w, h), flags=cv2.INTER_CUBIC,
-                              borderMode=cv2.BORDER_REFLECT_101)
-    if name == "relit":
-        ramp = np.linspace(0.65, 1.25, w, dtype=np.float32)[None, :, None]
-        out: np.ndarray = np.clip(image.astype(np.float32) * ramp, 0, 255).astype(np.uint8)
-        return out
-    return image
-
-
 @pytest.mark.parametrize("variant", ["native", "mirrored", "tilt+12", "tilt-12", "relit"])
 def test_clean_faces_have_no_regions(analyser: FaceAnalyser, samples: dict[str, Sample],
                                      variant: str) -> None:
@@ -67,7 +52,7 @@ def test_clean_faces_have_no_regions(analyser: FaceAnalyser, samples: dict[str, 
     whether the face is tilted, mirrored or lit from one side (smile folds, the
     shadow under the nose and a shaded jaw are not hair)."""
     for name, s in samples.items():
-        image = _variant(s.image, variant)
+        image = synthetic_variant(s.image, variant)
         found = analyser.analyse(image, embed=False)[0].landmarks
         assert found is not None
         img, lm, _ = _working(image, found)

@@ -10,6 +10,8 @@
   the face (a multiplicative ramp in linear gain).
 * :func:`squinting` — the face with both upper lids lowered (the photo's own lid
   and brow pixels moved down over the eyes): a squinting source.
+* :func:`variant` — the whole photo mirrored, tilted by ±12° or lit from one side
+  (:data:`VARIANTS`).
 
 Same inputs → same output: nothing is random but the seeded texture offsets.
 """
@@ -23,6 +25,9 @@ import numpy as np
 
 from facefuse.faces import topology as topo
 from facefuse.fusion.geometry import eye_distance
+
+#: The photo variants of :func:`variant`.
+VARIANTS = ("native", "mirrored", "tilt+12", "tilt-12", "relit")
 
 OccluderKind = Literal["bar", "sunglasses", "hand"]
 OCCLUDER_KINDS: tuple[OccluderKind, ...] = ("bar", "sunglasses", "hand")
@@ -341,3 +346,22 @@ def squinting(image: np.ndarray, landmarks: np.ndarray, closure: float = 0.6) ->
     out: np.ndarray = cv2.remap(image, xx, yy - dy, cv2.INTER_CUBIC,
                                 borderMode=cv2.BORDER_REFLECT_101)
     return out
+
+
+def variant(image: np.ndarray, name: str) -> np.ndarray:
+    """A reproducible variant (RGB uint8) of ``image``: one of :data:`VARIANTS`
+    ("native" is the image itself; "relit" a gain ramp 0.65-1.25 left to right)."""
+    if name == "native":
+        return image
+    if name == "mirrored":
+        return np.ascontiguousarray(image[:, ::-1])
+    h, w = image.shape[:2]
+    if name.startswith("tilt"):
+        rot = cv2.getRotationMatrix2D((w / 2, h / 2), float(name[4:]), 1.0)
+        return cv2.warpAffine(image, rot, (w, h), flags=cv2.INTER_CUBIC,
+                              borderMode=cv2.BORDER_REFLECT_101)
+    if name == "relit":
+        ramp = np.linspace(0.65, 1.25, w, dtype=np.float32)[None, :, None]
+        out: np.ndarray = np.clip(image.astype(np.float32) * ramp, 0, 255).astype(np.uint8)
+        return out
+    raise ValueError(name)
