@@ -51,7 +51,8 @@ def test_an_unmoved_mesh_and_no_change_return_the_target_exactly() -> None:
 def test_full_maps_of_the_identity_are_the_identity_at_every_scale() -> None:
     frame = detail.Scaled(np.zeros((101, 64, 3), np.uint8), (23, 37))
     gx, gy = np.meshgrid(np.arange(23, dtype=np.float32), np.arange(37, dtype=np.float32))
-    mx, my = detail.full_maps(gx, gy, np.ones((37, 23), bool), frame, frame)
+    mx, my = detail.full_maps(gx, gy, np.ones((37, 23), bool), frame, frame,
+                              (0, 0, 64, 101))
     fx, fy = np.meshgrid(np.arange(64, dtype=np.float32), np.arange(101, dtype=np.float32))
     assert np.abs(mx - fx).max() < 1e-3 and np.abs(my - fy).max() < 1e-3
 

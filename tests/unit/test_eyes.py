@@ -100,15 +100,15 @@ def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
     than MIN_SAMPLES iris pixels."""
     img = np.zeros((8, 8, 3), np.float32)
     lm = np.zeros((468, 3))
-    assert eyes.iris_gains(img, lm, img, lm) == [None, None]
+    assert eyes.iris_gains(eyes.iris_colour(img, lm), eyes.iris_colour(img, lm)) == [None, None]
     for name in SAMPLES:
         face = samples[name]
         image = face.image.astype(np.float32)
-        gains = eyes.iris_gains(image, face.landmarks, image, face.landmarks)
+        found = eyes.iris_colour(image, face.landmarks)
+        gains = eyes.iris_gains(found, found)
         # Against itself: the irises' own hue (never magenta: green raised to the
         # lower of red and blue), at a luma gain of 1 where the hue is their own;
         # one colour for both eyes.
-        found = eyes.iris_colour(image, face.landmarks)
         assert found is not None and gains[0] is not None, name
         assert gains[1] is not None and np.array_equal(gains[0], gains[1])
         own = found[0] + 1.0
@@ -122,4 +122,5 @@ def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
     for contour, _ in eye_groups(tgt_lm):
         shut[list(contour), 1] = tgt_lm[list(contour), 1].mean()  # the lids closed
     image = samples["biden"].image.astype(np.float32)
-    assert eyes.iris_gains(image, shut, image, shut) == [None, None]
+    assert eyes.iris_gains(eyes.iris_colour(image, shut), eyes.iris_colour(image, shut)) == [
+        None, None]

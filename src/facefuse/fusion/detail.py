@@ -44,7 +44,7 @@ import numpy as np
 from facefuse.imaging.stats import median
 
 #: ITU-R BT.601 luma weights (RGB).
-_LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 #: Where the working-scale render hands over to the full-resolution detail: a
 #: Gaussian of this σ in working pixels. The working render's resampling (its
 #: decimation, its bilinear warp, its upsampling) softens everything above about
@@ -101,7 +101,7 @@ class Scaled:
 
 def luma(rgb: np.ndarray) -> np.ndarray:
     """(H, W) float32 luma of an (H, W, 3) RGB image."""
-    out: np.ndarray = cv2.transform(np.asarray(rgb, np.float32), _LUMA[None, :])
+    out: np.ndarray = cv2.transform(np.asarray(rgb, np.float32), LUMA[None, :])
     return out.reshape(rgb.shape[:2])
 
 
@@ -158,18 +158,12 @@ def low_pass(img: np.ndarray, sigma: float) -> np.ndarray:
     return upsample(blurred, (w, h))
 
 
-def _full_grid(size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    w, h = size
-    return (np.broadcast_to(np.arange(w, dtype=np.float32)[None, :], (h, w)),
-            np.broadcast_to(np.arange(h, dtype=np.float32)[:, None], (h, w)))
-
-
 def full_maps(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray, frame: Scaled,
-              source: Scaled, window: tuple[int, int, int, int] | None = None
+              source: Scaled, window: tuple[int, int, int, int]
               ) -> tuple[np.ndarray, np.ndarray]:
     """Working-scale remap coordinates (h, w) into ``source``'s working image, taken to
     the full-resolution grid of ``frame`` and into ``source``'s full crop, over
-    ``window`` (x0, y0, x1, y1) of that grid (default the whole of it).
+    ``window`` (x0, y0, x1, y1) of that grid.
 
     The displacement from the identity is what is upsampled (the identity itself
     is exact at every scale), so where the map is the identity (``~valid``: off
@@ -183,9 +177,6 @@ def full_maps(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray, frame: Sc
     # The working coordinate in full source pixels minus this pixel's full position.
     dx = np.where(valid, (map_x + 0.5) / qx - 0.5 - gx, 0.0).astype(np.float32)
     dy = np.where(valid, (map_y + 0.5) / qy - 0.5 - gy, 0.0).astype(np.float32)
-    if window is None:
-        fx, fy = _full_grid(frame.size)
-        return fx + upsample(dx, frame.size), fy + upsample(dy, frame.size)
     x0, y0, x1, y1 = window
     fx = np.arange(x0, x1, dtype=np.float32)[None, :]
     fy = np.arange(y0, y1, dtype=np.float32)[:, None]

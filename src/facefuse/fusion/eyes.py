@@ -3,11 +3,10 @@
 Inside the lid contours the layer is the target's (its opening, gaze, catchlights
 and lashes are expression and scene, and a squinting or side-glancing source
 squeezed into the target's opening reads as a cloudy, wandering eye). What the
-source gives there is the colour of its irises: a per-channel gain, measured at
-the working scale (the source's iris inside its own lids' opening, the target's
-on its layer in the fused mesh's frame, each relative to the skin under its eye,
-so the source's comes in the target's light), applied at the layer's own scale to
-the target's iris pixels.
+source gives there is the colour of its irises: its hue at the target iris's own
+luma texture, with one luma gain for the two faces' light (each face's irises read
+at full resolution in its own image, both eyes pooled), applied at the layer's own
+scale to the target's iris pixels.
 
 Landmarks are (478, 3) float pixels with the iris points; images (h, w, 3)
 float32 0-255 in the frame of those landmarks.
@@ -20,6 +19,7 @@ import numpy as np
 
 from facefuse.faces import topology as topo
 from facefuse.fusion import mask as masks
+from facefuse.fusion.detail import LUMA
 from facefuse.fusion.geometry import eye_groups
 from facefuse.imaging.stats import median
 
@@ -29,8 +29,8 @@ SAMPLE_RING = (0.45, 0.85)
 #: Fewest pixels of an iris (in the aperture) to measure its colour; a closed or
 #: nearly closed eye gives fewer, and the target's colour is kept there.
 MIN_SAMPLES = 12
-#: Annulus pixels at least this much darker than the skin under the eye (luma
-#: ratio) are iris: the lids, the sclera and the catchlights are brighter.
+#: Annulus pixels at least this much darker than the skin under the eye (ratio of
+#: the channels' means) are iris: the lids, the sclera and the catchlights are brighter.
 IRIS_OF_SKIN = 0.5
 #: The skin under an eye that sets its light: (inset from the eye's left, from its
 #: right), (top, bottom) below its lower lid, in eye widths along its own axis; and
@@ -42,8 +42,8 @@ UNDER_EYE_GRID = (12, 6)
 MIN_SEEN = 0.15
 #: An eye whose lids' opening is smaller than this share of its iris disc is shut.
 MIN_OPEN = 0.15
-#: BT.601 luma weights (RGB).
-_LUMA = np.array([0.299, 0.587, 0.114])
+#: The luma weights (RGB), in float64 for the colours measured here.
+_LUMA = LUMA.astype(np.float64)
 #: Bounds of the iris's luma gain (a light iris made dark, a dark one light).
 GAIN_RANGE = (0.4, 2.5)
 #: Pixels this many times brighter than the iris's median are not iris (its
@@ -158,25 +158,23 @@ def iris_colour(image: np.ndarray, landmarks: np.ndarray
     return median(pixels, axis=0), skin
 
 
-def iris_gains(source_image: np.ndarray, source_lm: np.ndarray, target_image: np.ndarray,
-               target_lm: np.ndarray) -> list[np.ndarray | None]:
+def iris_gains(src: tuple[np.ndarray, np.ndarray] | None,
+               tgt: tuple[np.ndarray, np.ndarray] | None) -> list[np.ndarray | None]:
     """Per eye (image-left, image-right), the colour (3,) an iris pixel of the target
     takes per unit of its own luma (None: not measurable, keep the target's); the
     same for both eyes.
 
-    Each face is read in its own image at full resolution with its own landmarks
-    (:func:`iris_colour`): the source's iris inside its own lids' opening (a
-    squinting source stretched onto the target's opening shows its lids there),
-    the target's inside its own (the eyes move rigidly onto the fused mesh). The
-    colour is the source iris's chromaticity (``src_iris / Y(src_iris)``) times a
-    luma gain ``Y(src_iris) / Y(tgt_iris) · Y(tgt_skin) / Y(src_skin)`` bounded to
-    :data:`GAIN_RANGE`: the source's iris in the target's light (the skins' luma
-    under the eyes), its hue its own. (Multiplying the target's channels by the
-    source's over the target's, or the skins' ratio per channel, turned a dark
-    source's brown iris navy on a fair target's amber one.)
+    ``src``, ``tgt``: each face's :func:`iris_colour`, read in its own image at
+    full resolution with its own landmarks: the source's iris inside its own lids'
+    opening (a squinting source stretched onto the target's opening shows its lids
+    there), the target's inside its own (the eyes move rigidly onto the fused
+    mesh). The colour is the source iris's chromaticity (``src_iris /
+    Y(src_iris)``) times a luma gain ``Y(src_iris) / Y(tgt_iris) · Y(tgt_skin) /
+    Y(src_skin)`` bounded to :data:`GAIN_RANGE`: the source's iris in the target's
+    light (the skins' luma under the eyes), its hue its own. (Multiplying the
+    target's channels by the source's over the target's, or the skins' ratio per
+    channel, turned a dark source's brown iris navy on a fair target's amber one.)
     """
-    src = iris_colour(source_image, source_lm)
-    tgt = iris_colour(target_image, target_lm)
     if src is None or tgt is None:
         return [None, None]
     (iris_src, skin_src), (iris_tgt, skin_tgt) = src, tgt
@@ -238,4 +236,4 @@ def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray |
         share = (weight * disc * opening * (1.0 - spare))[..., None]
         # Each pixel takes the source's hue at its own luma times the gain: the
         # target iris's texture stays, its hue goes.
-        box += share * ((box @ _LUMA.astype(np.float32))[..., None] * gain - box)
+        box += share * ((box @ LUMA)[..., None] * gain - box)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from facefuse.fusion.detail import LUMA
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.occlusion import skin_vertices
 from facefuse.imaging.stats import median
@@ -181,8 +182,6 @@ def layer_gains(
 #: ramp from the second to the first) are hair, lashes, nostrils, not skin: they
 #: keep their own hue when the skin takes the target's tone.
 DARK_HUE = (0.35, 0.6)
-#: BT.601 luma weights (RGB).
-_LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 
 
 def keep_dark_hue(relit: np.ndarray, before: np.ndarray, skin: np.ndarray) -> None:
@@ -195,7 +194,7 @@ def keep_dark_hue(relit: np.ndarray, before: np.ndarray, skin: np.ndarray) -> No
     target turned blue-grey): pixels darker than :data:`DARK_HUE` of the skin take
     the relit luma with their own chromaticity.
     """
-    y_before = before @ _LUMA
+    y_before = before @ LUMA
     inside = skin > 0.5
     if not inside.any():
         return
@@ -207,5 +206,5 @@ def keep_dark_hue(relit: np.ndarray, before: np.ndarray, skin: np.ndarray) -> No
         return
     box = (slice(y, y + h), slice(x, x + w))
     r, b, d = relit[box], before[box], dark[box][..., None]
-    own = b * ((r @ _LUMA + 1.0) / (y_before[box] + 1.0))[..., None]
+    own = b * ((r @ LUMA + 1.0) / (y_before[box] + 1.0))[..., None]
     r += d * (own - r)

@@ -442,7 +442,8 @@ class ClassicSwapper:
         side = self._submit_side(_source_side, source_rgb, src_lm, src_scale, relit, options,
                                  prep)
         try:
-            src_local = _crop_points(src_lm, _source_box(source_rgb.shape, src_lm), src_scale)
+            src_box = _source_box(source_rgb.shape, src_lm)
+            src_local = _crop_points(src_lm, src_box, src_scale)
             tgt_img = np.ascontiguousarray(tgt_img)
             tgt_occ = (_occluders(tgt_img, tgt_local, options)
                        if options.keep_target_occluders else None)
@@ -471,9 +472,11 @@ class ClassicSwapper:
         if scale < 1.0:
             mask = cv2.resize(mask, frame.size, interpolation=cv2.INTER_LINEAR)
         if options.texture_weight > 0.0:
-            # The irises are read at full resolution, each face in its own image.
-            src_full = _crop_points(src_lm, _source_box(source_rgb.shape, src_lm), 1.0)
-            iris = eyes.iris_gains(src_crop.full, src_full, frame.full, tgt_lm - origin)
+            # The irises are read at full resolution, each face in its own image
+            # (the source's once per source, in its memo).
+            src_iris = prep.get("iris", lambda: eyes.iris_colour(
+                src_crop.full, _crop_points(src_lm, src_box, 1.0)))
+            iris = eyes.iris_gains(src_iris, eyes.iris_colour(frame.full, tgt_lm - origin))
             eyes.recolour_irises(face, dst - origin, iris, options.texture_weight, feather)
         if keep is not None:
             # At full size the occluder's outline is re-drawn crisp (one pixel of
