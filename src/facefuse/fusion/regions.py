@@ -29,7 +29,9 @@ where it can be, and judged as a region:
   reflections join the mask.
 
 :func:`face_occluders` is the union, on the face's crop, at the scale of the
-occluder masks (:func:`facefuse.fusion.occlusion.occluder_mask` with regions).
+occluder masks (:func:`facefuse.fusion.occlusion.occluder_mask` with regions);
+:func:`worn_regions` the two regions alone (they move with the face: a clip
+finds them once and carries them over a few frames).
 
 Images (H, W, 3) RGB uint8 or float 0..255; landmarks (N, 3) pixels in the same
 frame; masks (H, W) float32 in {0, 1}.
@@ -622,5 +624,17 @@ def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1
         # On the image itself, never on the face outline's crop: the eye band's box
         # reaches past the outline at the temples, and cut there, the frames' ridge
         # test saw the crop's edge (obama2 at 80 px: "frames" round both eyes).
+        np.maximum(found, glasses_mask(image, lm), out=found)
+    return found
+
+
+def worn_regions(image: np.ndarray, landmarks: np.ndarray, *, glasses: bool,
+                 facial_hair: bool) -> np.ndarray:
+    """(H, W) float32: the face's glasses and/or facial hair as
+    :func:`face_occluders` finds them (at scale 1), without the other occluders."""
+    lm = np.asarray(landmarks, np.float64)
+    found = (occ.on_face_crop(image, lm, facial_hair_mask) if facial_hair
+             else np.zeros(image.shape[:2], np.float32))
+    if glasses:
         np.maximum(found, glasses_mask(image, lm), out=found)
     return found

@@ -9,7 +9,9 @@ CLIP -o OUT``). Work is done once, not per frame:
   scene cut, and as soon as a track is lost; on the frames between, each face's
   mesh is refined from the previous frame's landmarks (one mesh run per face, no
   detector; the iris model every ``iris_every`` frames, the irises carried with
-  the eyes between) — :mod:`facefuse.video.tracker`;
+  the eyes between) — :mod:`facefuse.video.tracker`; a fused face's glasses,
+  facial hair and iris colour are found every ``regions_every`` frames and
+  carried with the face between (:mod:`facefuse.fusion.carry`);
 * an IoU + embedding **tracker** keeps each person's identity, so ``one`` keeps
   fusing the same person when a second face enters, ``reference`` fuses only the
   person in the reference photo, and a mapping's ``target`` names a track (0 =
@@ -47,6 +49,7 @@ from facefuse.errors import CancelledError, FaceError, InvalidArgumentError, Map
 from facefuse.faces import stages
 from facefuse.faces.types import Detection, Face
 from facefuse.fusion import mask as masks
+from facefuse.fusion.carry import Carried
 from facefuse.fusion.engine import FaceFuser, blend_layer
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.mapping import FacePair, iou, parse_mapping
@@ -99,6 +102,10 @@ class VideoOptions:
             this many frames (1: every frame); on the frames between, the last
             frame's irises and eye contours move with the eyes, unless an eye moved
             or changed shape (a blink) too much to carry them.
+        regions_every: a fused face's glasses, facial hair and iris colour are
+            found every this many frames and moved with the face between
+            (:mod:`facefuse.fusion.carry`; sooner when the face turns, changes
+            expression or size; 1: found on every frame, as for a photo).
     """
 
     fuse: FuseOptions = field(default_factory=FuseOptions)
@@ -108,10 +115,11 @@ class VideoOptions:
     window: int = 8
     threads: int = 2
     iris_every: int = 2
+    regions_every: int = 4
 
     def __post_init__(self) -> None:
         for name, high in (("detect_every", 300), ("window", 64), ("threads", 16),
-                           ("iris_every", 10)):
+                           ("iris_every", 10), ("regions_every", 30)):
             value = getattr(self, name)
             if not isinstance(value, int) or not 1 <= value <= high:
                 raise InvalidArgumentError(f"{name} must be an integer in 1..{high}",
@@ -193,14 +201,16 @@ class _Tone:
 
 @dataclass(frozen=True)
 class _Target:
-    """A face to fuse in a frame: its track, its smoothed face, its source, and its
-    tone state with the resets counted when the frame was planned."""
+    """A face to fuse in a frame: its track, its smoothed face, its source, its
+    tone state with the resets counted when the frame was planned, and what the
+    renderer carries over from an earlier frame of the face."""
 
     track: Track
     face: Face
     source: _Source
     tone: _Tone
     resets: int
+    carried: Carried | None = None
 
 
 @dataclass
@@ -298,13 +308,13 @@ class ClipFusion:
         if cut:
             self.cuts += 1
             for tr in self.tracker.tracks:
-                tr.active = False
+                tr.active, tr.carried = False, None
         tracked = self._track(rgb)
         lost = any(f is None for f in tracked.values())
         for tid, f in tracked.items():
             tr = self._by_id(tid)
             if f is None:
-                tr.active = False
+                tr.active, tr.carried = False, None
             else:
                 tr.face, tr.last_seen = f, index
         due = index - self._last_detect >= self.options.detect_every
@@ -322,7 +332,8 @@ class ClipFusion:
                 continue
             if not isinstance(tr.tone, _Tone):
                 tr.tone = _Tone()
-            plan.targets.append(_Target(tr, face, src, tr.tone, tr.tone.resets))
+            plan.targets.append(_Target(tr, face, src, tr.tone, tr.tone.resets,
+                                        self._carried(tr, rgb, face)))
             assert face.landmarks is not None and tr.face.landmarks is not None
             plan.stats.landmarks[tr.id] = np.asarray(face.landmarks)
             plan.stats.raw_landmarks[tr.id] = np.asarray(tr.face.landmarks)
@@ -336,7 +347,7 @@ class ClipFusion:
         if _overlapping(plan):
             return []
         return [self.swapper.render(x.source.rgb, x.source.face, plan.rgb, x.face,
-                                    self._render_options) for x in plan.targets]
+                                    self._render_options, x.carried) for x in plan.targets]
 
     def finish(self, plan: FramePlan, layers: Sequence[FaceLayer]) -> tuple[np.ndarray,
                                                                              FrameStats]:
@@ -349,7 +360,8 @@ class ClipFusion:
         serial = len(layers) != len(plan.targets)
         for i, x in enumerate(plan.targets):
             layer = (self.swapper.render(x.source.rgb, x.source.face, out, x.face,
-                                         self._render_options) if serial else layers[i])
+                                         self._render_options, x.carried)
+                     if serial else layers[i])
             if self.options.smooth:
                 layer = dataclasses.replace(
                     layer, face=x.tone(x.resets, layer.face, layer.mask, plan.t))
@@ -368,6 +380,21 @@ class ClipFusion:
                             cv2.COLOR_RGB2GRAY).astype(np.float32)
         prev, self._thumb = self._thumb, grey
         return prev is not None and float(np.abs(grey - prev).mean()) > CUT_ABOVE
+
+    def _carried(self, tr: Track, rgb: np.ndarray, face: Face) -> Carried | None:
+        """What the renderer reuses of the track's face in this frame: found again
+        every ``regions_every`` frames, or when the face no longer fits it."""
+        every = self.options.regions_every
+        if every <= 1:
+            return None
+        c = tr.carried
+        assert face.landmarks is not None
+        if c is None or tr.carried_age + 1 >= every or not c.fits(face.landmarks):
+            c, tr.carried_age = self.swapper.carry(rgb, face, self._render_options), 0
+        else:
+            tr.carried_age += 1
+        tr.carried = c
+        return c
 
     def _by_id(self, tid: int) -> Track:
         return next(t for t in self.tracker.tracks if t.id == tid)

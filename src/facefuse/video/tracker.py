@@ -20,6 +20,7 @@ import numpy as np
 
 from facefuse.faces.landmarker import EYE_CONTOUR_INDICES, MESH_POINTS
 from facefuse.faces.types import Detection, Face
+from facefuse.fusion.carry import Carried
 from facefuse.fusion.mapping import iou
 from facefuse.video.smoothing import OneEuroFilter
 
@@ -116,6 +117,10 @@ class Track:
     #: contours (None: not known), and the frames since the iris model last ran.
     raw_mesh: np.ndarray | None = None
     iris_age: int = 0
+    #: What the renderer found on the face to reuse on the next frames (None: find
+    #: it on the next), and the frames since it was found.
+    carried: Carried | None = None
+    carried_age: int = 0
 
     def add_embedding(self, e: np.ndarray | None) -> None:
         if e is None:

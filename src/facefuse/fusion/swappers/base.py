@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from facefuse.faces.types import Face
+from facefuse.fusion.carry import Carried
 from facefuse.fusion.types import FuseOptions
 
 
@@ -48,6 +49,15 @@ class Swapper(Protocol):
         target_rgb: np.ndarray,
         target_face: Face,
         options: FuseOptions,
+        carried: Carried | None = None,
     ) -> FaceLayer:
-        """Return the face layer; ``options`` carries degree/shape/texture weights."""
+        """Return the face layer; ``options`` carries degree/shape/texture weights;
+        ``carried``: what :meth:`carry` found on this face in an earlier frame of a
+        clip (None: everything is found on this frame)."""
+        ...
+
+    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions
+              ) -> Carried | None:
+        """What of ``target_face`` the next frames of a clip may reuse
+        (:mod:`facefuse.fusion.carry`), or None when the swapper reuses nothing."""
         ...

@@ -31,6 +31,7 @@ from facefuse.fusion import detail, eyes, light, regions, specular
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion import symmetry as sym
+from facefuse.fusion.carry import Carried
 from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.source_prep import UNCACHED, SourceCache, SourceEntry, quantised_scale
 from facefuse.fusion.swappers.base import FaceLayer
@@ -406,6 +407,7 @@ class ClassicSwapper:
         target_rgb: np.ndarray,
         target_face: Face,
         options: FuseOptions,
+        carried: Carried | None = None,
     ) -> FaceLayer:
         assert source_face.landmarks is not None
         assert target_face.landmarks is not None
@@ -445,8 +447,16 @@ class ClassicSwapper:
             src_box = _source_box(source_rgb.shape, src_lm)
             src_local = _crop_points(src_lm, src_box, src_scale)
             tgt_img = np.ascontiguousarray(tgt_img)
-            tgt_occ = (_occluders(tgt_img, tgt_local, options)
-                       if options.keep_target_occluders else None)
+            tgt_occ = None
+            if options.keep_target_occluders and carried is None:
+                tgt_occ = _occluders(tgt_img, tgt_local, options)
+            elif carried is not None and options.keep_target_occluders:
+                # What moves on its own is found here; glasses and facial hair come
+                # from the frame they were found on, moved with the face.
+                tgt_occ = occ.occluder_mask(tgt_img, tgt_local)
+                worn = carried.mask_onto(tgt_lm, (x0, y0), frame.ratio, frame.small)
+                if worn is not None:
+                    np.maximum(tgt_occ, worn, out=tgt_occ)
             geometry = _geometry(src_local, tgt_local, dst_local, tgt_img.shape, options)
         except BaseException:
             side.exception()  # the source side finishes; the target side's error is raised
@@ -476,7 +486,9 @@ class ClassicSwapper:
             # (the source's once per source, in its memo).
             src_iris = prep.get("iris", lambda: eyes.iris_colour(
                 src_crop.full, _crop_points(src_lm, src_box, 1.0)))
-            iris = eyes.iris_gains(src_iris, eyes.iris_colour(frame.full, tgt_lm - origin))
+            tgt_iris = (carried.iris if carried is not None
+                        else eyes.iris_colour(frame.full, tgt_lm - origin))
+            iris = eyes.iris_gains(src_iris, tgt_iris)
             eyes.recolour_irises(face, dst - origin, iris, options.texture_weight, feather)
         if keep is not None:
             # At full size the occluder's outline is re-drawn crisp (one pixel of
@@ -612,6 +624,25 @@ class ClassicSwapper:
                                                                0.0).astype(np.float32)
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
                      (mx_s, my_s), valid, direct, skin, features, 1.0 - left)
+
+    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions
+              ) -> Carried:
+        """The target face's glasses and facial hair (as the options ask for them),
+        found at the working scale, and its iris colour: for the next frames of a
+        clip (:mod:`facefuse.fusion.carry`)."""
+        assert target_face.landmarks is not None
+        lm = target_face.landmarks.astype(np.float64)
+        box = masks.face_region(lm, target_rgb.shape, 2 * masks.feather_px(lm))
+        scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(lm)))
+        hair = options.finds_facial_hair(source=False)
+        mask, ratio = None, (1.0, 1.0)
+        if options.keep_target_occluders and (options.glasses or hair):
+            crop, small, local = _crop_scaled(target_rgb, lm, box, scale)
+            ratio = crop.ratio
+            mask = regions.worn_regions(small, local, glasses=options.glasses,
+                                        facial_hair=hair)
+        iris = eyes.iris_colour(target_rgb, lm) if options.texture_weight > 0.0 else None
+        return Carried(mask, box, ratio, lm[:MESH_POINTS, :2].copy(), iris)
 
     @staticmethod
     def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,

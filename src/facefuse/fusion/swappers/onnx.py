@@ -39,6 +39,7 @@ from facefuse.errors import InvalidArgumentError, ModelCorruptError, ModelMissin
 from facefuse.faces.recognizer import normalize
 from facefuse.faces.types import Face
 from facefuse.fusion import mask as masks
+from facefuse.fusion.carry import Carried
 from facefuse.fusion.swappers.base import FaceLayer
 from facefuse.fusion.swappers.contract import (
     ANALYSER_RECOGNIZER,
@@ -220,8 +221,10 @@ class OnnxSwapper:
         target_rgb: np.ndarray,
         target_face: Face,
         options: FuseOptions,
+        carried: Carried | None = None,
     ) -> FaceLayer:
-        """The swapped face over the target face's region (see the module docstring)."""
+        """The swapped face over the target face's region (see the module docstring);
+        nothing is carried between frames."""
         assert target_face.landmarks is not None
         loaded = self.load()
         c = loaded.contract
@@ -242,6 +245,11 @@ class OnnxSwapper:
         mask = masks.oval_mask(tgt_lm, region, feather) * valid
         face = bg + np.float32(options.texture_weight) * (swapped - bg)
         return FaceLayer(region, face.astype(np.float32), mask.astype(np.float32), tgt_lm)
+
+    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions
+              ) -> Carried | None:
+        """None: the model sees the whole face on every frame."""
+        return None
 
 
 def recognizer_embedding(model: LoadedModel, rgb: np.ndarray, face: Face) -> np.ndarray:

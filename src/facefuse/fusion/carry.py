@@ -1,0 +1,101 @@
+"""What a target face in a clip keeps from one frame to the next.
+
+Some of what the render finds on a target face moves with the face and changes
+slowly: its glasses and facial hair (the regions kept on top of the fused face)
+and its iris colour. A clip finds them on one frame (:class:`Carried`) and
+carries them to the next few, moved with the face by the least-squares
+similarity that takes the mesh of the frame they were found on to the mesh of
+the frame rendered. What moves on its own — a hand, hair falling across — is
+still found on every frame. A face that turned or changed expression (the
+similarity fits its mesh badly), or changed size, is looked at again
+(:meth:`Carried.fits`).
+
+Besides the cost, a carried region does not flicker: found again on every frame,
+a beard's edge or a thin frame comes and goes by a pixel or two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from facefuse.faces.align import similarity_transform
+from facefuse.fusion.geometry import eye_distance
+
+__all__ = ["MAX_RESIDUAL", "MAX_SCALE_CHANGE", "Carried"]
+
+#: Dense mesh points the similarity is fitted to.
+MESH_POINTS = 468
+#: A face whose mesh the similarity fits worse than this (root-mean-square, in eye
+#: distances) has turned or changed expression: its regions are found again.
+MAX_RESIDUAL = 0.02
+#: ... as is a face whose size changed by more than this share.
+MAX_SCALE_CHANGE = 0.1
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A target face's slowly changing findings on one frame.
+
+    Attributes:
+        mask: (h, w) float32 in [0, 1], the regions that move with the face
+            (glasses, facial hair) over ``box`` at ``scale``, or None (none asked).
+        box: (x0, y0, x1, y1) image pixels the mask covers.
+        ratio: (x, y) mask pixels per image pixel (pixel centres aligned, as the
+            working renders resize).
+        points: (468, 2) float64 image pixels, the face's mesh when found.
+        iris: the face's iris and under-eye colours
+            (:func:`facefuse.fusion.eyes.iris_colour`), or None.
+    """
+
+    mask: np.ndarray | None
+    box: tuple[int, int, int, int]
+    ratio: tuple[float, float]
+    points: np.ndarray
+    iris: tuple[np.ndarray, np.ndarray] | None
+
+    def to(self, landmarks: np.ndarray) -> np.ndarray:
+        """(2, 3) similarity from the found mesh to ``landmarks`` (N ≥ 468, 2+) image
+        pixels."""
+        return similarity_transform(self.points,
+                                    np.asarray(landmarks, np.float64)[:MESH_POINTS, :2])
+
+    def fits(self, landmarks: np.ndarray) -> bool:
+        """Whether the findings still hold for the face at ``landmarks`` (image
+        pixels): the similarity fits its mesh within :data:`MAX_RESIDUAL` eye
+        distances and its scale is within :data:`MAX_SCALE_CHANGE` of 1."""
+        lm = np.asarray(landmarks, np.float64)
+        m = self.to(lm)
+        moved = self.points @ m[:, :2].T + m[:, 2]
+        rms = float(np.sqrt(np.mean(np.sum((moved - lm[:MESH_POINTS, :2]) ** 2, axis=1))))
+        scale = float(np.sqrt(abs(np.linalg.det(m[:, :2]))))
+        return (rms <= MAX_RESIDUAL * max(1.0, eye_distance(lm))
+                and abs(scale - 1.0) <= MAX_SCALE_CHANGE)
+
+    def mask_onto(self, landmarks: np.ndarray, origin: tuple[float, float],
+                  ratio: tuple[float, float], size: tuple[int, int]) -> np.ndarray | None:
+        """The carried mask moved with the face to ``landmarks`` (image pixels), in a
+        working frame: the image crop at ``origin`` (x, y) resized by ``ratio`` (x,
+        y) to ``size`` (w, h); (h, w) float32, or None without a mask."""
+        if self.mask is None:
+            return None
+        # mask pixel → image pixel (found) → image pixel (now) → working pixel, each
+        # with pixel centres aligned: x_small = (x + 0.5)·s − 0.5.
+        back = _pixel_scale(1.0 / self.ratio[0], 1.0 / self.ratio[1], self.box[0],
+                            self.box[1])
+        move = np.vstack([self.to(landmarks), (0.0, 0.0, 1.0)])
+        ox, oy = origin
+        into = _pixel_scale(ratio[0], ratio[1], -ox * ratio[0], -oy * ratio[1])
+        m = (into @ move @ back)[:2]
+        out: np.ndarray = cv2.warpAffine(self.mask, m, size, flags=cv2.INTER_LINEAR,
+                                         borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
+        return out
+
+
+def _pixel_scale(sx: float, sy: float, tx: float, ty: float) -> np.ndarray:
+    """(3, 3) ``x → (x + 0.5)·s − 0.5 + t`` per axis (t in the output's pixels)."""
+    return np.array([[sx, 0.0, 0.5 * sx - 0.5 + tx],
+                     [0.0, sy, 0.5 * sy - 0.5 + ty],
+                     [0.0, 0.0, 1.0]])

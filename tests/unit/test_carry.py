@@ -1,0 +1,157 @@
+"""Regions carried from frame to frame: a target's glasses and beard found on one
+frame of a clip and moved with the face to the next ones stay where the face's
+own glasses and beard are, and stay kept through the fusion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from facefuse.errors import InvalidArgumentError
+from facefuse.faces.analyser import FaceAnalyser
+from facefuse.fusion import regions
+from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.swappers.classic import WORK_EYE_PX, ClassicSwapper
+from facefuse.fusion.types import FuseOptions
+from facefuse.toolchain.measures import occluder_survival
+from facefuse.toolchain.synthetic import paste_facial_hair, paste_glasses
+from facefuse.toolchain.trials import Sample
+from facefuse.video.engine import ClipFusion, VideoOptions
+
+#: (rotation degrees, shift x, shift y, scale) of the frames of the moving face.
+MOVES = [(0.0, 0, 0, 1.0), (2.0, 6, -3, 1.01), (4.0, 12, -5, 1.02), (5.0, 17, -8, 1.03),
+         (3.0, 20, -6, 1.02), (0.0, 22, -2, 1.0), (-2.0, 18, 2, 0.99), (-4.0, 12, 5, 0.98)]
+
+
+def _moved(image: np.ndarray, move: tuple[float, int, int, float],
+           centre: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` turned, shifted and scaled about ``centre``, and the (2, 3) map."""
+    angle, dx, dy, scale = move
+    m = cv2.getRotationMatrix2D(centre, angle, scale)
+    m[:, 2] += (dx, dy)
+    h, w = image.shape[:2]
+    return cv2.warpAffine(image, m, (w, h), flags=cv2.INTER_LINEAR,
+                          borderMode=cv2.BORDER_REPLICATE), m
+
+
+@pytest.fixture(scope="module")
+def worn(samples: dict[str, Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """biden wearing metal glasses and a beard (astronaut's real pixels), and the
+    (H, W) bool footprint of both."""
+    t, d = samples["biden"], samples["astronaut"]
+    hairy, beard = paste_facial_hair(t.image, t.landmarks, "beard", d.image, d.landmarks)
+    image, frame = paste_glasses(hairy, t.landmarks, "metal", d.image, d.landmarks)
+    return image, beard | frame
+
+
+@pytest.fixture(scope="module")
+def moving(analyser: FaceAnalyser, samples: dict[str, Sample],
+           worn: tuple[np.ndarray, np.ndarray]
+           ) -> list[tuple[np.ndarray, np.ndarray, Sample]]:
+    """The frames of the worn face moving (:data:`MOVES`): (frame, footprint, its
+    analysis)."""
+    image, fp = worn
+    lm = samples["biden"].landmarks
+    centre = (float(lm[1, 0]), float(lm[1, 1]))
+    out = []
+    for move in MOVES:
+        frame, _ = _moved(image, move, centre)
+        footprint, _ = _moved(fp.astype(np.uint8) * 255, move, centre)
+        out.append((frame, footprint > 127, Sample(frame, analyser.analyse(frame, embed=False))))
+    return out
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a & b).sum() / max(1, (a | b).sum()))
+
+
+def test_carried_regions_move_with_the_face(
+        moving: list[tuple[np.ndarray, np.ndarray, Sample]]) -> None:
+    """The glasses and beard found on the first frame, moved to each later frame by
+    the similarity between the meshes, cover the frame's true glasses and beard as
+    well as finding them on that frame itself does, and little else."""
+    swapper = ClassicSwapper()
+    options = FuseOptions()
+    first = moving[0][2]
+    carried = swapper.carry(first.image, first.faces[0], options)
+    assert carried.mask is not None and carried.mask.any()
+    for i, (_, footprint, s) in enumerate(moving[1:], 1):
+        again = swapper.carry(s.image, s.faces[0], options)
+        assert again.mask is not None
+        x0, y0, x1, y1 = again.box
+        size = (again.mask.shape[1], again.mask.shape[0])
+        onto = carried.mask_onto(s.landmarks, (x0, y0), again.ratio, size)
+        assert onto is not None
+        moved, found = onto > 0.5, again.mask > 0.5
+        truth = cv2.resize(footprint[y0:y1, x0:x1].astype(np.float32), size,
+                           interpolation=cv2.INTER_AREA) > 0.3
+        near = cv2.dilate(truth.astype(np.uint8), np.ones((5, 5), np.uint8)) > 0
+        cover = (moved[truth].mean(), found[truth].mean())
+        off = (moved[~near].sum() / moved.sum(), found[~near].sum() / found.sum())
+        assert cover[0] >= cover[1] - 0.05, (i, cover)
+        assert off[0] <= off[1] + 0.03, (i, off)
+        assert _iou(moved, found) >= 0.85, (i, _iou(moved, found))
+        # The iris colour is the face's own, read again: within a few grey levels.
+        assert carried.iris is not None and again.iris is not None
+        assert np.abs(carried.iris[0] - again.iris[0]).max() <= 6.0, (i, carried.iris,
+                                                                     again.iris)
+
+
+def test_a_turned_squashed_or_resized_face_is_looked_at_again(
+        moving: list[tuple[np.ndarray, np.ndarray, Sample]]) -> None:
+    first = moving[0][2]
+    carried = ClassicSwapper().carry(first.image, first.faces[0], FuseOptions())
+    lm = first.landmarks
+    assert all(carried.fits(s.landmarks) for _, _, s in moving[1:4])
+    centre = lm[:468, :2].mean(axis=0)
+    squashed = lm.copy()
+    squashed[:, 1] = centre[1] + 0.85 * (lm[:, 1] - centre[1])  # a nod, an open mouth
+    larger = lm.copy()
+    larger[:, :2] = centre + 1.2 * (lm[:, :2] - centre)
+    assert not carried.fits(squashed)
+    assert not carried.fits(larger)
+
+
+def test_regions_every_is_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match="regions_every"):
+        VideoOptions(regions_every=0)
+
+
+def test_a_clip_keeps_the_targets_glasses_and_beard_on_carried_frames(
+        fuser: FaceFuser, sample_paths: dict[str, Path],
+        moving: list[tuple[np.ndarray, np.ndarray, Sample]]) -> None:
+    """Fusing the moving face, the glasses and beard found on one frame in four
+    are kept on the frames between as well as when found on every frame."""
+    kept: dict[int, list[float]] = {}
+    for every in (1, 4):
+        state = ClipFusion(fuser, VideoOptions(regions_every=every),
+                           [sample_paths["obama"]])
+        kept[every] = []
+        for i, (frame, fp, s) in enumerate(moving):
+            out, stats = state.process(frame, i, i / 25.0)
+            assert stats.fused == [0]
+            kept[every].append(occluder_survival(out, frame, fp, s.landmarks))
+    assert min(kept[4]) >= min(kept[1]) - 0.03, kept
+    assert np.median(kept[4]) >= np.median(kept[1]) - 0.02, kept
+    assert min(kept[4]) >= 0.8, kept
+
+
+def test_worn_regions_are_the_occluder_masks_regions(
+        moving: list[tuple[np.ndarray, np.ndarray, Sample]]) -> None:
+    """What is carried is what the occluder mask holds besides the other occluders
+    (on the working copy of the face, as the swapper finds them)."""
+    image, _, s = moving[0]
+    lm = s.landmarks
+    scale = min(1.0, WORK_EYE_PX / eye_distance(lm))
+    small = cv2.resize(image, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+    local = lm.copy()
+    local[:, :3] *= scale
+    both = regions.face_occluders(small, local, glasses=True, facial_hair=True)
+    alone = regions.face_occluders(small, local)
+    found = regions.worn_regions(small, local, glasses=True, facial_hair=True)
+    assert found.any()
+    assert np.array_equal(both, np.maximum(alone, found))
