@@ -25,10 +25,15 @@ Each run is its own process (peak RSS is its VmHWM). Measures:
 * **profile** (``--profile``): CPU ms per frame of the engine's stages over the
   720p clip, by cProfile (CPU clock, its own overhead included);
 * **long clip** (``--long-seconds N``): one worker on an N-second 720p clip with
-  audio, its fps and peak RSS (memory must not grow with the clip).
+  audio, its fps and peak RSS (memory must not grow with the clip);
+* **still face** (``--still``): the engine and the naive loop on a 720p clip of
+  the face not moving, where every change between output frames beyond the
+  input's own (the codec's noise) is the fusion's flicker: each side's excess
+  (output's mean |frame-to-frame difference| in the face box minus the input's),
+  and the engine's excess over the naive loop's (goal ≤ 0.5).
 
     .venv/bin/python bench/video.py [--sizes 480,720] [--frames 60] [--profile]
-        [--long-seconds 60] [--benchmarks]
+        [--long-seconds 60] [--still] [--benchmarks]
 """
 
 from __future__ import annotations
@@ -57,8 +62,9 @@ FACE_720 = 200.0
 SOURCE, TARGET = "biden", "obama"
 
 
-def make_clip(path: Path, height: int, frames: int, audio: bool = False) -> Path:
-    """The clip of ``TARGET`` moving, at ``height``p (25 fps)."""
+def make_clip(path: Path, height: int, frames: int, audio: bool = False,
+              amplitude: float = 1.0) -> Path:
+    """The clip of ``TARGET`` moving (``amplitude`` 0: still), at ``height``p (25 fps)."""
     from facefuse import default_analyser
     from facefuse.config import Settings
     from facefuse.imaging.decode import decode_image
@@ -68,7 +74,8 @@ def make_clip(path: Path, height: int, frames: int, audio: bool = False) -> Path
     photo = decode_image(settings.samples_dir / f"{TARGET}.jpg")
     b = default_analyser(settings).analyse(photo, embed=False)[0].bbox
     face = (float(b[0] + b[2]) / 2, float(b[1] + b[3]) / 2, float(b[2] - b[0]))
-    scene = Scene(photo, frames, face, size=SIZES[height], face_px=FACE_720 * height / 720)
+    scene = Scene(photo, frames, face, size=SIZES[height], face_px=FACE_720 * height / 720,
+                  amplitude=amplitude)
     return write_clip(path, motion_frames(scene), audio=audio)
 
 
@@ -269,8 +276,9 @@ def jitter(seq: list[np.ndarray], eyes: list[float]) -> float:
     return float(np.abs(a[2:] - 2 * a[1:-1] + a[:-2]).mean() / np.mean(eyes) * 100)
 
 
-def flicker(clip: Path, out: Path, height: int) -> float:
-    """Temporal difference of the output in the face region / the input's own."""
+def flicker(clip: Path, out: Path, height: int, excess: bool = False) -> float:
+    """Temporal difference of the output in the face region / the input's own
+    (``excess``: minus the input's own, grey levels)."""
     from facefuse.video.io import Frame, VideoReader, probe
 
     def diffs(path: Path) -> list[np.ndarray]:
@@ -285,7 +293,7 @@ def flicker(clip: Path, out: Path, height: int) -> float:
     y0, y1 = int(h * 0.5 - 0.9 * side), int(h * 0.5 + 0.9 * side)
     src = np.mean([d[y0:y1, x0:x1].mean() for d in diffs(clip)])
     dst = np.mean([d[y0:y1, x0:x1].mean() for d in diffs(out)])
-    return float(dst / src)
+    return float(dst - src if excess else dst / src)
 
 
 def cpu_seconds() -> float:
@@ -341,6 +349,8 @@ def main() -> None:
                     help="profile the engine's stages (at 720p when measured)")
     ap.add_argument("--long-seconds", type=float, default=0.0,
                     help="also run one worker on a clip this long at 720p (peak RSS)")
+    ap.add_argument("--still", action="store_true",
+                    help="also measure the flicker of a still 720p face, engine and naive")
     ap.add_argument("--benchmarks", action="store_true", help="write BENCHMARKS.md's section")
     ap.add_argument("--out", help="write video.json here instead of bench/results/")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "CLIP", "OUT"), help=argparse.SUPPRESS)
@@ -401,11 +411,20 @@ def main() -> None:
             clip = make_clip(d / "long.mp4", 720, frames, audio=True)
             extra["long"] = {"seconds": args.long_seconds, "height": 720,
                              **collect([spawn("long", clip, d / "long_out.mp4")])[0]}
+        if args.still:
+            clip = make_clip(d / "still.mp4", 720, args.frames, amplitude=0.0)
+            extra["still"] = {"height": 720, "frames": args.frames}
+            for kind in ("engine", "naive"):
+                out = d / f"still_{kind}.mp4"
+                collect([spawn(kind, clip, out)])
+                extra["still"][kind] = {"ratio": flicker(clip, out, 720),
+                                        "excess": flicker(clip, out, 720, excess=True)}
     m = machine()
     command = (f"python bench/video.py --sizes {args.sizes} --frames {args.frames} "
                f"--workers {args.workers} --repeat {args.repeat}"
                + (" --profile" if args.profile else "")
-               + (f" --long-seconds {args.long_seconds:g}" if args.long_seconds > 0 else ""))
+               + (f" --long-seconds {args.long_seconds:g}" if args.long_seconds > 0 else "")
+               + (" --still" if args.still else ""))
     result = {"machine": m, "frames": args.frames, "rows": rows, **extra, "command": command}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -470,6 +489,19 @@ def section(result: dict[str, Any]) -> list[str]:
                   f"{lg['cpu_ms_per_frame']:.0f} CPU ms/frame, **peak RSS "
                   f"{lg['peak_rss_mb']:.0f} MB** (the frames in flight are a bounded window, "
                   "so memory does not grow with the clip)."]
+    if "still" in result:
+        st = result["still"]
+        e, n = st["engine"], st["naive"]
+        share = ("none: the engine adds no change" if e["excess"] <= 0
+                 else f"{e['excess'] / n['excess']:.2f} of the naive loop's" if n["excess"] > 0
+                 else "the naive loop adds none")
+        lines += ["", f"**Still face** ({st['frames']} frames at {st['height']}p, the face not "
+                  "moving: every change between output frames beyond the input's own is the "
+                  "fusion's): mean |frame-to-frame difference| in the face box "
+                  f"{e['ratio']:.2f}× the input's own with the engine, {n['ratio']:.2f}× with "
+                  f"the naive loop; the excess over the input's own {e['excess']:.3f} vs "
+                  f"{n['excess']:.3f} grey levels: **{share}** (goal ≤ 0.5 of the naive "
+                  "loop's)."]
     if "profile" in result:
         pr = result["profile"]
         lines += ["", f"Where a {pr['height']}p frame's CPU goes (cProfile on the CPU clock over "

@@ -17,7 +17,7 @@ def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_path
                                                     tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "video.py"), "--sizes", "480", "--frames", "14",
-         "--workers", "1", "--repeat", "1", "--profile", "--long-seconds", "0.4",
+         "--workers", "1", "--repeat", "1", "--profile", "--long-seconds", "0.4", "--still",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,3 +39,8 @@ def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_path
     assert frame > 0 and 0 < stages["render (`ClassicSwapper.render`)"] < frame
     assert all(0 <= ms <= frame for ms in stages.values())
     assert result["long"]["frames"] == 10 and result["long"]["peak_rss_mb"] > 0
+    # A still face: the engine's output changes less from frame to frame than the
+    # naive loop's, which fits every frame anew.
+    still = result["still"]
+    assert still["engine"]["ratio"] < still["naive"]["ratio"], still
+    assert still["engine"]["excess"] < still["naive"]["excess"], still

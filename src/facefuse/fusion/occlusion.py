@@ -394,7 +394,7 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray,
             binary[fm] = reach[fm]
     # Small islands are shading, stubble or a highlight, not something in front.
     drop_islands(binary, MIN_OCCLUDER_AREA * area)
-    rim = _rim_background(occ > 0.5, face > 127, RIM_WIDTH * d)
+    rim = rim_background(occ > 0.5, face > 127, RIM_WIDTH * d)
     if rim.any() and rim_grow > 0.0:
         rim = grow(rim, rim_grow * d) & (face > 127)
     binary[rim] = 1
@@ -402,7 +402,7 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray,
     return out
 
 
-def _rim_background(non_skin: np.ndarray, face: np.ndarray, width: float) -> np.ndarray:
+def rim_background(non_skin: np.ndarray, face: np.ndarray, width: float) -> np.ndarray:
     """(H, W) bool: the ``non_skin`` pixels within ``width`` px inside the ``face``
     outline (both (H, W) bool) that are connected, inside that band, to the
     outline's own edge pixels (see the module doc, step 4)."""

@@ -28,6 +28,12 @@ where it can be, and judged as a region:
   or a lid crease does not); within the rims found, bright and grey lens
   reflections join the mask.
 
+* **Scalp hair at the outline** (:func:`hairline_mask`): the mesh's outline
+  runs along the hairline, so a source's grey temples, sideburns or the ends of
+  a fringe lie inside it; pixels of a band along the outline's upper edge judged
+  as facial hair is (greyer than the skin, or darker and more textured), kept
+  where they connect to the edge within the band.
+
 :func:`face_occluders` is the union, on the face's crop, at the scale of the
 occluder masks (:func:`facefuse.fusion.occlusion.occluder_mask` with regions);
 :func:`worn_regions` the two regions alone (they move with the face: a clip
@@ -67,6 +73,13 @@ HAIR_TEXTURE = 1.0
 #: Hair is judged this many eye distances (beyond the lips' own margin) away
 #: from the lips; a region found is then grown up to them.
 LIP_MARGIN = 0.01
+#: Scalp hair inside the face outline (a hairline, sideburns, a fringe's ends) is
+#: looked for within HAIRLINE_BAND eye distances of the outline's edge, above
+#: HAIRLINE_BOTTOM (eyes 0, mouth 1), the eyes and brows grown by HAIRLINE_CLEAR
+#: left out.
+HAIRLINE_BAND = 0.15
+HAIRLINE_BOTTOM = 0.4
+HAIRLINE_CLEAR = 0.05
 #: Facial hair is looked for at no more than this eye distance (pixels).
 HAIR_EYE_PX = 96.0
 #: ... on the box of the face below this height (eyes 0, mouth 1), grown by
@@ -600,10 +613,11 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1.0,
-                   glasses: bool = False, facial_hair: bool = False,
+                   glasses: bool = False, facial_hair: bool = False, hairline: bool = False,
                    rim_grow: float = 0.0) -> np.ndarray:
     """(H, W) float32: :func:`facefuse.fusion.occlusion.occluder_mask` together
-    with the face's glasses and/or facial hair regions, on the same crop and scale
+    with the face's glasses, facial hair and/or scalp hair at its outline
+    (``hairline``) as regions, on the same crop and scale
     — except the glasses, always looked for at the image's own resolution (a
     frame is a line a pixel or two wide there; shrunk further it breaks up, and
     whether it is found would hang on a few percent of scale): what of the face is
@@ -614,6 +628,8 @@ def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1
         functools.partial(occ.occluders_on_crop, rim_grow=rim_grow)]
     if facial_hair:
         finders.append(facial_hair_mask)
+    if hairline:
+        finders.append(hairline_mask)
 
     def union(crop: np.ndarray, crop_lm: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.maximum.reduce([f(crop, crop_lm) for f in finders])
@@ -626,6 +642,25 @@ def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1
         # test saw the crop's edge (obama2 at 80 px: "frames" round both eyes).
         np.maximum(found, glasses_mask(image, lm), out=found)
     return found
+
+
+def hairline_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """(H, W) float32 in {0, 1}: the scalp hair of the face ``lm`` in ``image`` that
+    lies inside its outline at the upper edge (see the module doc)."""
+    lm = np.asarray(lm, np.float64)
+    h, w = image.shape[:2]
+    out = np.zeros((h, w), np.float32)
+    frame = _Frame(lm, (h, w))
+    feats = hair_features(image, lm, frame, sided=True)
+    if feats is None:
+        return out
+    grey, dark, texture = feats
+    d = eye_distance(lm)
+    hair = (grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE))
+    eyes_brows = np.maximum.reduce(frame.feats[:4])
+    hair &= (frame.t < HAIRLINE_BOTTOM) & ~occ.grow(eyes_brows, HAIRLINE_CLEAR * d)
+    out[occ.rim_background(hair, frame.face, HAIRLINE_BAND * d)] = 1.0
+    return out
 
 
 def worn_regions(image: np.ndarray, landmarks: np.ndarray, *, glasses: bool,

@@ -237,6 +237,50 @@ def paste_facial_hair(
     return np.clip(out + 0.5, 0, 255).astype(np.uint8), alpha > 0.5
 
 
+#: Synthetic hair inside the face outline at its upper edge: the band's depth
+#: (eye distances inward from the outline, at most) and its lowest point (eyes 0,
+#: mouth 1: the temples, above the eye line).
+HAIRLINE_DEPTH = 0.1
+HAIRLINE_LOW = -0.1
+
+
+def paste_hairline(image: np.ndarray, landmarks: np.ndarray, donor: np.ndarray,
+                   donor_landmarks: np.ndarray, seed: int = 0
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` (H, W, 3) uint8 with the donor's real scalp hair reaching into the
+    face outline of ``landmarks`` from its upper edge — a hairline or fringe that
+    the mesh's outline runs across: a band along the outline above the temples,
+    its depth varying along it (strands), up to :data:`HAIRLINE_DEPTH`.
+
+    Returns:
+        (the copy, (H, W) bool footprint of the hair inside the outline).
+    """
+    lm = np.asarray(landmarks, np.float64)
+    d = eye_distance(lm)
+    h, w = image.shape[:2]
+    oval = np.zeros((h, w), np.uint8)
+    cv2.fillPoly(oval, [np.round(lm[list(topo.FACE_OVAL), :2]).astype(np.int32)], 1)
+    inward = cv2.distanceTransform(oval, cv2.DIST_L2, 3)
+    mid, across, down, mouth = _face_axes(lm)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    px, py = xx - np.float32(mid[0]), yy - np.float32(mid[1])
+    t = (px * np.float32(down[0]) + py * np.float32(down[1])) / np.float32(mouth)
+    angle = np.arctan2(px * np.float32(across[1]) - py * np.float32(across[0]),
+                       px * np.float32(across[0]) + py * np.float32(across[1]))
+    rng = np.random.default_rng(seed)
+    phase = rng.uniform(0, 2 * np.pi, 3)
+    # Strands: the depth swings along the outline (a few cycles across the forehead).
+    depth = HAIRLINE_DEPTH * d * (0.55 + 0.45 * np.cos(9.0 * angle + phase[0])
+                                  * np.cos(4.0 * angle + phase[1]))
+    m = (oval > 0) & (inward <= depth) & (t < HAIRLINE_LOW)
+    alpha = cv2.GaussianBlur(m.astype(np.float32), (0, 0), max(0.5, 0.008 * d))
+    tex = scalp_hair_texture(donor, donor_landmarks, (h, w),
+                             d / eye_distance(donor_landmarks), seed)
+    a = (0.95 * alpha)[..., None]
+    out = image.astype(np.float32) * (1.0 - a) + tex.astype(np.float32) * a
+    return np.clip(out + 0.5, 0, 255).astype(np.uint8), (alpha > 0.5) & (oval > 0)
+
+
 FrameKind = Literal["metal", "plastic"]
 FRAME_KINDS: tuple[FrameKind, ...] = ("metal", "plastic")
 #: Frame thickness (eye distances) and mean luma of its darkened donor pixels.

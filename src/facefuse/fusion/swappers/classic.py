@@ -237,10 +237,11 @@ class _Inline(Executor):
 def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
                scale: float = 1.0, rim_grow: float = 0.0, source: bool = False) -> np.ndarray:
     """The face's occluders (see :func:`facefuse.fusion.regions.face_occluders`),
-    glasses and facial hair as the options ask for the ``source`` or the target."""
+    glasses and facial hair as the options ask for the ``source`` or the target,
+    and the ``source``'s scalp hair inside its outline (never carried over)."""
     return regions.face_occluders(image, landmarks, scale=scale, glasses=options.glasses,
                                   facial_hair=options.finds_facial_hair(source=source),
-                                  rim_grow=rim_grow)
+                                  hairline=source, rim_grow=rim_grow)
 
 
 @dataclass(frozen=True)
