@@ -646,11 +646,27 @@ def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1
 
 def hairline_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """(H, W) float32 in {0, 1}: the scalp hair of the face ``lm`` in ``image`` that
-    lies inside its outline at the upper edge (see the module doc)."""
+    lies inside its outline at the upper edge (see the module doc); only the upper
+    face's box is examined (the band and the skin the hair is judged against)."""
     lm = np.asarray(lm, np.float64)
+    d = eye_distance(lm)
+    skin = occ.skin_vertices(lm)
+    pts = np.concatenate([lm[list(topo.FACE_OVAL), :2], lm[skin, :2]])
+    mid, _, down, mouth, _, _ = _face_axes(lm)
+    pts = pts[(pts - mid) @ down <= UPPER_FACE * mouth]
+    m = HAIR_BOX_MARGIN * d
+    box = (int(pts[:, 0].min() - m), int(pts[:, 1].min() - m),
+           int(np.ceil(pts[:, 0].max() + m)), int(np.ceil(pts[:, 1].max() + m)))
+    return _on_box(image, lm, box, 1.0, functools.partial(_hairline, skin=skin))
+
+
+def _hairline(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = None
+              ) -> np.ndarray:
+    """:func:`hairline_mask` on the whole of ``image`` (``skin``: the mesh's skin
+    vertices, when known)."""
     h, w = image.shape[:2]
     out = np.zeros((h, w), np.float32)
-    frame = _Frame(lm, (h, w))
+    frame = _Frame(lm, (h, w), skin)
     feats = hair_features(image, lm, frame, sided=True)
     if feats is None:
         return out
