@@ -57,6 +57,26 @@ def test_full_maps_of_the_identity_are_the_identity_at_every_scale() -> None:
     assert np.abs(mx - fx).max() < 1e-3 and np.abs(my - fy).max() < 1e-3
 
 
+def test_a_smooth_map_has_no_tears_and_a_fold_tears_on_both_sides() -> None:
+    """A remap that turns, scales and shifts smoothly has no tear; one whose right
+    part jumps 40 source pixels away (a fold of the mesh) tears in the two columns
+    beside the jump only; pixels off the mesh never count."""
+    h, w = 60, 80
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    mx = 0.9 * xx - 0.2 * yy + 5.0
+    my = 0.2 * xx + 0.9 * yy + 3.0
+    valid = np.ones((h, w), bool)
+    assert not detail.map_tears(mx, my, valid).any()
+    folded = mx.copy()
+    folded[:, 50:] += 40.0
+    tears = detail.map_tears(folded, my, valid)
+    assert tears[:, 49:51].all() and tears.sum() == 2 * h
+    # The same jump between two pixels of which one is off the mesh: no tear.
+    off = valid.copy()
+    off[:, 50] = False
+    assert not detail.map_tears(folded, my, off)[:, 49].any()
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_an_upsampled_window_is_the_upsample_where_it_is_not_zero(seed: int) -> None:
     """Outside :func:`detail.nonzero_window` the whole upsample is exactly 0, and

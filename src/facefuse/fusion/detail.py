@@ -72,6 +72,9 @@ GRAIN_CLIP = 2.5
 #: Interpolation of the full-resolution warps (bilinear: the finest band's energy
 #: it softens is matched back to the photo's by the detail gains).
 INTERPOLATION = cv2.INTER_LINEAR
+#: A source map's step to a neighbour this many times its median step is a tear
+#: (:func:`map_tears`): no source detail there.
+TEAR_STEP = 4.0
 #: Fewest measurable skin pixels for the per-face detail gains (else 1 and 0).
 MIN_SKIN_PIXELS = 64
 
@@ -184,6 +187,35 @@ def full_maps(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray, frame: Sc
             fy + upsample_window(dy, frame.ratio, window))
 
 
+def map_tears(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """(h, w) bool: the pixels of a remap (coordinates (h, w) float32, defined on
+    ``valid``) on either side of a jump — a step to a neighbour more than
+    :data:`TEAR_STEP` times the map's median step (a fold of the fused mesh, the
+    source squeezed into a few pixels there). Upsampled, the map runs across such a
+    jump through source pixels that belong to neither side: isolated bright and
+    dark dots of its detail (a face seen from below, its nose wing fused from a
+    frontal source)."""
+    out = np.zeros(map_x.shape, bool)
+    steps = []
+    for axis in (0, 1):
+        d = np.hypot(np.diff(map_x, axis=axis), np.diff(map_y, axis=axis))
+        both = valid[1:, :] & valid[:-1, :] if axis == 0 else valid[:, 1:] & valid[:, :-1]
+        steps.append((d, both))
+    known = np.concatenate([d[b] for d, b in steps])
+    if known.size == 0:
+        return out
+    limit = TEAR_STEP * float(median(known))
+    for axis, (d, both) in enumerate(steps):
+        jump = both & (d > limit)
+        if axis == 0:
+            out[1:, :] |= jump
+            out[:-1, :] |= jump
+        else:
+            out[:, 1:] |= jump
+            out[:, :-1] |= jump
+    return out
+
+
 def _padded(window: tuple[int, int, int, int], pad: int, size: tuple[int, int]
             ) -> tuple[int, int, int, int]:
     """``window`` (x0, y0, x1, y1) grown by ``pad`` px within ``size`` (w, h), its
@@ -273,8 +305,9 @@ def full_resolution_layer(
         change *= (1.0 - own_small)[..., None]
     layer += upsample(change, size)
     # Off the mesh's inner part the source maps are undefined: no source detail
-    # within a working pixel of the mesh's edge.
-    inner = cv2.erode(valid.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(np.float32)
+    # within a working pixel of the mesh's edge, nor of where the source map tears.
+    inner = cv2.erode((valid & ~map_tears(*source_maps, valid)).astype(np.uint8),
+                      np.ones((3, 3), np.uint8)).astype(np.float32)
     direct = np.asarray(direct_small, np.float32) * inner
     skin = np.asarray(skin_small, np.float32) * inner
     shown = nonzero_window(np.maximum(direct, skin), target.ratio, size)
