@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
-from facefuse.fusion import detail, eyes, light, regions, specular
+from facefuse.fusion import detail, eyes, light, nostrils, regions, specular
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion import symmetry as sym
@@ -594,9 +594,16 @@ class ClassicSwapper:
         if reject is not None:
             alpha *= 1.0 - reject
         # What is kept of the target's own features (its open mouth, its eye
-        # openings): 1 - own is the share of the layer they leave to the render.
+        # and nostril openings): 1 - own is the share of the layer they leave to the render.
         aperture = masks.eyes_mask(dst, frame, feather)
         left = 1.0 - EYE_KEEP * aperture
+        # Its nostril openings are cavities in its pose and light, too: kept as far
+        # as it is seen from further below than the source, which shows less.
+        holes = nostrils.openings(target_layer, dst, feather)
+        shown = prep.get("nostrils", lambda: nostrils.area(src_img, src_lm))
+        keep_holes = nostrils.keep_share(nostrils.area(holes, dst), shown, tgt_lm, src_lm)
+        if keep_holes > 0.0:
+            left *= 1.0 - np.float32(keep_holes) * holes
         if masks.mouth_open(dst):
             left *= 1.0 - masks.lips_mask(dst, frame, feather)
         elif masks.mouth_open(src_lm):

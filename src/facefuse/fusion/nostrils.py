@@ -1,0 +1,94 @@
+"""The target's nostril openings: kept, as its eye openings and open mouth are.
+
+A nostril opening is a cavity in the target's pose and light, not skin: seen from
+below (a raised chin, a low camera) the openings are large and dark, and a
+source seen from further above has no pixels for them — fused, the nose of a
+face seen from below came out as a smooth, flat wedge. The openings are read on
+the target's own pixels warped onto the fused mesh: inside a disc about each
+nostril (between the nose base and the wing), the pixels much darker than the
+nose's own skin around the discs. They are kept (:func:`keep_share`) only as far
+as the target is seen from further below than the source and shows more of them:
+between two faces in about the same pose the nostrils are the source's, its
+nose's shape (keeping them anyway cost up to 0.034 of the recogniser's
+similarity to the source).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from facefuse.fusion.detail import LUMA
+from facefuse.fusion.geometry import eye_distance, head_pose
+from facefuse.imaging.stats import median
+
+__all__ = ["area", "keep_share", "openings"]
+
+#: The nose base and each wing's base (mesh points): a nostril lies between.
+NOSTRIL_PAIRS = ((2, 98), (2, 327))
+#: The discs a nostril is looked for in: this radius (eye distances) about the
+#: midpoints of :data:`NOSTRIL_PAIRS`.
+NOSTRIL_RADIUS = 0.08
+#: The nose skin the openings are judged against: a ring this much wider than the
+#: discs (eye distances), outside them.
+SKIN_RING = 0.06
+#: An opening's pixels are darker than this share of the ring's median luma, fully
+#: below the lower share (a ramp between).
+DARK = (0.35, 0.55)
+#: The target seen from further below than the source by this much (degrees of
+#: pitch) starts keeping its openings; by the second, keeps them all.
+PITCH_RAMP = (8.0, 16.0)
+
+
+def openings(layer: np.ndarray, landmarks: np.ndarray, feather: float) -> np.ndarray:
+    """(h, w) float32 in [0, 1]: the nostril openings of ``layer`` (h, w, 3) float32
+    or uint8 (the target warped onto the mesh ``landmarks`` (N, 3), same frame),
+    feathered by a sixth of ``feather`` pixels; all 0 when the nose's skin is not
+    in the frame."""
+    h, w = layer.shape[:2]
+    out = np.zeros((h, w), np.float32)
+    lm = np.asarray(landmarks, np.float64)
+    d = eye_distance(lm)
+    discs = np.zeros((h, w), np.uint8)
+    ring = np.zeros((h, w), np.uint8)
+    for a, b in NOSTRIL_PAIRS:
+        c = 0.5 * (lm[a, :2] + lm[b, :2])
+        centre = (round(float(c[0])), round(float(c[1])))
+        cv2.circle(ring, centre, max(2, round((NOSTRIL_RADIUS + SKIN_RING) * d)), 1, -1)
+        cv2.circle(discs, centre, max(1, round(NOSTRIL_RADIUS * d)), 1, -1)
+    ring &= 1 - discs
+    if int(ring.sum()) < 8 or not discs.any():
+        return out
+    luma = np.asarray(layer, np.float32) @ LUMA
+    skin = float(median(luma[ring > 0]))
+    if skin <= 0.0:
+        return out
+    lo, hi = DARK
+    dark = np.clip((hi - luma / skin) / (hi - lo), 0.0, 1.0) * discs
+    if not dark.any():
+        return out
+    sigma = max(0.5, feather / 6.0)
+    out = np.clip(cv2.GaussianBlur(dark.astype(np.float32), (0, 0), sigma) * 1.5, 0.0, 1.0)
+    return np.asarray(out * (cv2.dilate(discs, np.ones((3, 3), np.uint8)) > 0), np.float32)
+
+
+def area(image_or_mask: np.ndarray, landmarks: np.ndarray) -> float:
+    """The nostril openings' area in squared eye distances: of a face's ``image``
+    (h, w, 3) with its ``landmarks`` (read by :func:`openings`), or of an
+    :func:`openings` mask (h, w) already read on the mesh ``landmarks``."""
+    lm = np.asarray(landmarks, np.float64)
+    m = image_or_mask if image_or_mask.ndim == 2 else openings(image_or_mask, lm, 0.0)
+    return float(m.sum()) / max(1.0, eye_distance(lm)) ** 2
+
+
+def keep_share(target_area: float, source_area: float, target_lm: np.ndarray,
+               source_lm: np.ndarray) -> float:
+    """How much of the target's nostril openings to keep (0..1): the share of them
+    the source lacks (``*_area`` from :func:`area`), as far as the target is seen
+    from further below than the source (:data:`PITCH_RAMP`; landmarks (N, 3))."""
+    if target_area <= 0.0:
+        return 0.0
+    below = head_pose(source_lm)[1] - head_pose(target_lm)[1]
+    lo, hi = PITCH_RAMP
+    pose = float(np.clip((below - lo) / (hi - lo), 0.0, 1.0))
+    return pose * float(np.clip(1.0 - source_area / target_area, 0.0, 1.0))
