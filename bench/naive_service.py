@@ -53,6 +53,7 @@ from facefuse.errors import FacefuseError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.types import Face
+from facefuse.fusion.carry import Carried
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.mapping import MappedFace
 from facefuse.fusion.quality import identity_similarity
@@ -108,13 +109,20 @@ class WholeFrame:
         return self.inner.name
 
     def render(self, source_rgb: np.ndarray, source_face: Face, target_rgb: np.ndarray,
-               target_face: Face, options: FuseOptions) -> FaceLayer:
-        layer = self.inner.render(source_rgb, source_face, target_rgb, target_face, options)
+               target_face: Face, options: FuseOptions,
+               carried: Carried | None = None) -> FaceLayer:
+        layer = self.inner.render(source_rgb, source_face, target_rgb, target_face, options,
+                                  carried)
         shape = target_rgb.shape[:2]
         keep = None if layer.keep is None else padded(layer.keep, layer.region, shape)
         return FaceLayer((0, 0, shape[1], shape[0]),
                          padded(layer.face, layer.region, shape, target_rgb),
                          padded(layer.mask, layer.region, shape), layer.landmarks, keep)
+
+    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions
+              ) -> Carried | None:
+        """The naive loop reuses nothing between frames."""
+        return None
 
 
 class NaiveFusion:

@@ -22,12 +22,11 @@ import cv2
 import numpy as np
 
 from facefuse.faces.align import similarity_transform
+from facefuse.faces.landmarker import MESH_POINTS
 from facefuse.fusion.geometry import eye_distance
 
 __all__ = ["MAX_RESIDUAL", "MAX_SCALE_CHANGE", "Carried"]
 
-#: Dense mesh points the similarity is fitted to.
-MESH_POINTS = 468
 #: A face whose mesh the similarity fits worse than this (root-mean-square, in eye
 #: distances) has turned or changed expression: its regions are found again.
 MAX_RESIDUAL = 0.02
@@ -45,7 +44,8 @@ class Carried:
         box: (x0, y0, x1, y1) image pixels the mask covers.
         ratio: (x, y) mask pixels per image pixel (pixel centres aligned, as the
             working renders resize).
-        points: (468, 2) float64 image pixels, the face's mesh when found.
+        points: (468, 2) float64 image pixels, the face's mesh when found (the
+            similarity is fitted to its dense points).
         iris: the face's iris and under-eye colours
             (:func:`facefuse.fusion.eyes.iris_colour`), or None.
     """

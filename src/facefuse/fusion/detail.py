@@ -204,7 +204,7 @@ def map_tears(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray) -> np.nda
     known = np.concatenate([d[b] for d, b in steps])
     if known.size == 0:
         return out
-    limit = TEAR_STEP * float(median(known))
+    limit = TEAR_STEP * max(float(median(known)), 1e-3)
     for axis, (d, both) in enumerate(steps):
         jump = both & (d > limit)
         if axis == 0:

@@ -4,13 +4,13 @@ A nostril opening is a cavity in the target's pose and light, not skin: seen fro
 below (a raised chin, a low camera) the openings are large and dark, and a
 source seen from further above has no pixels for them — fused, the nose of a
 face seen from below came out as a smooth, flat wedge. The openings are read on
-the target's own pixels warped onto the fused mesh: inside a disc about each
-nostril (between the nose base and the wing), the pixels much darker than the
-nose's own skin around the discs. They are kept (:func:`keep_share`) only as far
-as the target is seen from further below than the source and shows more of them:
-between two faces in about the same pose the nostrils are the source's, its
-nose's shape (keeping them anyway cost up to 0.034 of the recogniser's
-similarity to the source).
+the target's own pixels warped onto the fused mesh (:func:`openings`): inside a
+disc about each nostril (between the nose base and the wing), the pixels much
+darker than the nose's own skin around the discs. They are kept as far as the
+target is seen from further below than the source (:func:`pose_share`) and shows
+more of them (:func:`lacking`): between two faces in about the same pose the
+nostrils are the source's, its nose's shape (keeping them anyway cost up to
+0.034 of the recogniser's similarity to the source).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from facefuse.fusion.detail import LUMA
 from facefuse.fusion.geometry import eye_distance, head_pose
 from facefuse.imaging.stats import median
 
-__all__ = ["area", "keep_share", "openings"]
+__all__ = ["area", "lacking", "openings", "pose_share", "soften"]
 
 #: The nose base and each wing's base (mesh points): a nostril lies between.
 NOSTRIL_PAIRS = ((2, 98), (2, 327))
@@ -40,12 +40,12 @@ DARK = (0.35, 0.55)
 PITCH_RAMP = (8.0, 16.0)
 
 
-def openings(layer: np.ndarray, landmarks: np.ndarray, feather: float) -> np.ndarray:
-    """(h, w) float32 in [0, 1]: the nostril openings of ``layer`` (h, w, 3) float32
-    or uint8 (the target warped onto the mesh ``landmarks`` (N, 3), same frame),
-    feathered by a sixth of ``feather`` pixels; all 0 when the nose's skin is not
-    in the frame."""
-    h, w = layer.shape[:2]
+def openings(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+    """(h, w) float32 in [0, 1]: how much each pixel of ``image`` (h, w, 3) float32
+    or uint8, with the face's ``landmarks`` (N, 3) in its frame, is a nostril
+    opening (the darkness ramp :data:`DARK` inside the discs); all 0 when the
+    nose's skin is not in the frame."""
+    h, w = image.shape[:2]
     out = np.zeros((h, w), np.float32)
     lm = np.asarray(landmarks, np.float64)
     d = eye_distance(lm)
@@ -59,36 +59,42 @@ def openings(layer: np.ndarray, landmarks: np.ndarray, feather: float) -> np.nda
     ring &= 1 - discs
     if int(ring.sum()) < 8 or not discs.any():
         return out
-    luma = np.asarray(layer, np.float32) @ LUMA
+    luma = np.asarray(image, np.float32) @ LUMA
     skin = float(median(luma[ring > 0]))
     if skin <= 0.0:
         return out
     lo, hi = DARK
-    dark = np.clip((hi - luma / skin) / (hi - lo), 0.0, 1.0) * discs
-    if not dark.any():
-        return out
-    sigma = max(0.5, feather / 6.0)
-    out = np.clip(cv2.GaussianBlur(dark.astype(np.float32), (0, 0), sigma) * 1.5, 0.0, 1.0)
-    return np.asarray(out * (cv2.dilate(discs, np.ones((3, 3), np.uint8)) > 0), np.float32)
+    out = np.clip((hi - luma / skin) / (hi - lo), 0.0, 1.0) * discs
+    return np.asarray(out, np.float32)
 
 
-def area(image_or_mask: np.ndarray, landmarks: np.ndarray) -> float:
-    """The nostril openings' area in squared eye distances: of a face's ``image``
-    (h, w, 3) with its ``landmarks`` (read by :func:`openings`), or of an
-    :func:`openings` mask (h, w) already read on the mesh ``landmarks``."""
-    lm = np.asarray(landmarks, np.float64)
-    m = image_or_mask if image_or_mask.ndim == 2 else openings(image_or_mask, lm, 0.0)
-    return float(m.sum()) / max(1.0, eye_distance(lm)) ** 2
+def soften(holes: np.ndarray, feather: float) -> np.ndarray:
+    """An :func:`openings` mask (h, w) feathered by a sixth of ``feather`` pixels
+    (its edge pixels taken whole), within a pixel of where it was."""
+    if not holes.any():
+        return holes
+    near = cv2.dilate((holes > 0).astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+    blurred = cv2.GaussianBlur(holes, (0, 0), max(0.5, feather / 6.0))
+    out: np.ndarray = (np.clip(blurred * 1.5, 0.0, 1.0) * near).astype(np.float32)
+    return out
 
 
-def keep_share(target_area: float, source_area: float, target_lm: np.ndarray,
-               source_lm: np.ndarray) -> float:
-    """How much of the target's nostril openings to keep (0..1): the share of them
-    the source lacks (``*_area`` from :func:`area`), as far as the target is seen
-    from further below than the source (:data:`PITCH_RAMP`; landmarks (N, 3))."""
-    if target_area <= 0.0:
-        return 0.0
+def area(holes: np.ndarray, landmarks: np.ndarray) -> float:
+    """An :func:`openings` mask's area in squared eye distances of ``landmarks``."""
+    return float(holes.sum()) / max(1.0, eye_distance(np.asarray(landmarks, np.float64))) ** 2
+
+
+def pose_share(target_lm: np.ndarray, source_lm: np.ndarray) -> float:
+    """0..1: how far the target (landmarks (N, 3)) is seen from further below than
+    the source, on :data:`PITCH_RAMP`."""
     below = head_pose(source_lm)[1] - head_pose(target_lm)[1]
     lo, hi = PITCH_RAMP
-    pose = float(np.clip((below - lo) / (hi - lo), 0.0, 1.0))
-    return pose * float(np.clip(1.0 - source_area / target_area, 0.0, 1.0))
+    return float(np.clip((below - lo) / (hi - lo), 0.0, 1.0))
+
+
+def lacking(target_area: float, source_area: float) -> float:
+    """0..1: the share of the target's openings (:func:`area`) the source lacks (all
+    when it shows none, none when it shows as much)."""
+    if target_area <= 0.0:
+        return 0.0
+    return float(np.clip(1.0 - source_area / target_area, 0.0, 1.0))

@@ -118,9 +118,9 @@ class Track:
     raw_mesh: np.ndarray | None = None
     iris_age: int = 0
     #: What the renderer found on the face to reuse on the next frames (None: find
-    #: it on the next), and the frames since it was found.
+    #: it on the next), and the index of the frame it was found on.
     carried: Carried | None = None
-    carried_age: int = 0
+    carried_at: int = 0
 
     def add_embedding(self, e: np.ndarray | None) -> None:
         if e is None:

@@ -454,7 +454,7 @@ class ClassicSwapper:
             elif carried is not None and options.keep_target_occluders:
                 # What moves on its own is found here; glasses and facial hair come
                 # from the frame they were found on, moved with the face.
-                tgt_occ = occ.occluder_mask(tgt_img, tgt_local)
+                tgt_occ = regions.face_occluders(tgt_img, tgt_local)
                 worn = carried.mask_onto(tgt_lm, (x0, y0), frame.ratio, frame.small)
                 if worn is not None:
                     np.maximum(tgt_occ, worn, out=tgt_occ)
@@ -487,7 +487,8 @@ class ClassicSwapper:
             # (the source's once per source, in its memo).
             src_iris = prep.get("iris", lambda: eyes.iris_colour(
                 src_crop.full, _crop_points(src_lm, src_box, 1.0)))
-            tgt_iris = (carried.iris if carried is not None
+            # (A carried colour is missing when the eyes were shut on its frame.)
+            tgt_iris = (carried.iris if carried is not None and carried.iris is not None
                         else eyes.iris_colour(frame.full, tgt_lm - origin))
             iris = eyes.iris_gains(src_iris, tgt_iris)
             eyes.recolour_irises(face, dst - origin, iris, options.texture_weight, feather)
@@ -599,11 +600,14 @@ class ClassicSwapper:
         left = 1.0 - EYE_KEEP * aperture
         # Its nostril openings are cavities in its pose and light, too: kept as far
         # as it is seen from further below than the source, which shows less.
-        holes = nostrils.openings(target_layer, dst, feather)
-        shown = prep.get("nostrils", lambda: nostrils.area(src_img, src_lm))
-        keep_holes = nostrils.keep_share(nostrils.area(holes, dst), shown, tgt_lm, src_lm)
-        if keep_holes > 0.0:
-            left *= 1.0 - np.float32(keep_holes) * holes
+        below = nostrils.pose_share(tgt_lm, src_lm)
+        if below > 0.0:
+            holes = nostrils.openings(target_layer, dst)
+            shown = prep.get("nostrils", lambda: nostrils.area(
+                nostrils.openings(src_img, src_lm), src_lm))
+            keep_holes = below * nostrils.lacking(nostrils.area(holes, dst), shown)
+            if keep_holes > 0.0:
+                left *= 1.0 - np.float32(keep_holes) * nostrils.soften(holes, feather)
         if masks.mouth_open(dst):
             left *= 1.0 - masks.lips_mask(dst, frame, feather)
         elif masks.mouth_open(src_lm):
