@@ -4,6 +4,7 @@ own glasses and beard are, and stay kept through the fusion."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,23 @@ def test_a_turned_squashed_or_resized_face_is_looked_at_again(
     larger[:, :2] = centre + 1.2 * (lm[:, :2] - centre)
     assert not carried.fits(squashed)
     assert not carried.fits(larger)
+
+
+def test_a_face_cut_by_the_frame_is_looked_at_again(
+        moving: list[tuple[np.ndarray, np.ndarray, Sample]]) -> None:
+    """Found on a frame that cuts the face's neighbourhood (a face entering), the
+    regions are not carried: what lay beyond the edge was never seen."""
+    frame, _, s = moving[0]
+    lm = s.landmarks
+    x_cut = int(lm[:468, 0].min()) + 5  # the frame's edge through the face's side
+    cropped = np.ascontiguousarray(frame[:, x_cut:])
+    moved = lm.copy()
+    moved[:, 0] -= x_cut
+    face = dataclasses.replace(s.faces[0], landmarks=moved.astype(np.float32))
+    carried = ClassicSwapper().carry(cropped, face, FuseOptions())
+    assert carried.cut and not carried.fits(moved)
+    whole = ClassicSwapper().carry(frame, s.faces[0], FuseOptions())
+    assert not whole.cut and whole.fits(lm)
 
 
 def test_regions_every_is_checked() -> None:

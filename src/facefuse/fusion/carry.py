@@ -48,6 +48,9 @@ class Carried:
             similarity is fitted to its dense points).
         iris: the face's iris and under-eye colours
             (:func:`facefuse.fusion.eyes.iris_colour`), or None.
+        cut: the face's neighbourhood reached past the image's edge when found (a
+            face entering the frame): what lay beyond was not seen, so the next
+            frame looks again.
     """
 
     mask: np.ndarray | None
@@ -55,6 +58,7 @@ class Carried:
     ratio: tuple[float, float]
     points: np.ndarray
     iris: tuple[np.ndarray, np.ndarray] | None
+    cut: bool = False
 
     def to(self, landmarks: np.ndarray) -> np.ndarray:
         """(2, 3) similarity from the found mesh to ``landmarks`` (N ≥ 468, 2+) image
@@ -64,8 +68,11 @@ class Carried:
 
     def fits(self, landmarks: np.ndarray) -> bool:
         """Whether the findings still hold for the face at ``landmarks`` (image
-        pixels): the similarity fits its mesh within :data:`MAX_RESIDUAL` eye
-        distances and its scale is within :data:`MAX_SCALE_CHANGE` of 1."""
+        pixels): they were not :attr:`cut` by the image's edge, the similarity fits
+        its mesh within :data:`MAX_RESIDUAL` eye distances and its scale is within
+        :data:`MAX_SCALE_CHANGE` of 1."""
+        if self.cut:
+            return False
         lm = np.asarray(landmarks, np.float64)
         m = self.to(lm)
         moved = self.points @ m[:, :2].T + m[:, 2]

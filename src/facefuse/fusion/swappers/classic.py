@@ -654,7 +654,9 @@ class ClassicSwapper:
             mask = regions.worn_regions(small, local, glasses=options.glasses,
                                         facial_hair=hair)
         iris = eyes.iris_colour(target_rgb, lm) if options.texture_weight > 0.0 else None
-        return Carried(mask, box, ratio, lm[:MESH_POINTS, :2].copy(), iris)
+        h, w = target_rgb.shape[:2]
+        cut = box[0] <= 0 or box[1] <= 0 or box[2] >= w or box[3] >= h
+        return Carried(mask, box, ratio, lm[:MESH_POINTS, :2].copy(), iris, cut)
 
     @staticmethod
     def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,
