@@ -284,16 +284,31 @@ def facial_hair_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     (from height :data:`HAIR_BOX_TOP`, which holds the beard zone and the skin
     reference's cheeks)."""
     lm = np.asarray(lm, np.float64)
-    d = eye_distance(lm)
-    scale = min(1.0, HAIR_EYE_PX / max(1.0, d))
+    scale = min(1.0, HAIR_EYE_PX / max(1.0, eye_distance(lm)))
     skin = occ.skin_vertices(lm)
+    box = _height_box(lm, skin, HAIR_BOX_TOP, np.inf)
+    return _on_box(image, lm, box, scale, functools.partial(_facial_hair, skin=skin))
+
+
+def _height_box(lm: np.ndarray, skin: np.ndarray, top: float, bottom: float
+                ) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1): the box of the face outline's and the ``skin`` vertices'
+    points between heights ``top`` and ``bottom`` (eyes 0, mouth 1), grown by
+    :data:`HAIR_BOX_MARGIN` eye distances (the blurs' and closings' reach)."""
     pts = np.concatenate([lm[list(topo.FACE_OVAL), :2], lm[skin, :2]])
     mid, _, down, mouth, _, _ = _face_axes(lm)
-    pts = pts[(pts - mid) @ down >= HAIR_BOX_TOP * mouth]
-    m = HAIR_BOX_MARGIN * d
-    box = (int(pts[:, 0].min() - m), int(pts[:, 1].min() - m),
-           int(np.ceil(pts[:, 0].max() + m)), int(np.ceil(pts[:, 1].max() + m)))
-    return _on_box(image, lm, box, scale, functools.partial(_facial_hair, skin=skin))
+    t = (pts - mid) @ down / mouth
+    pts = pts[(t >= top) & (t <= bottom)]
+    m = HAIR_BOX_MARGIN * eye_distance(lm)
+    return (int(pts[:, 0].min() - m), int(pts[:, 1].min() - m),
+            int(np.ceil(pts[:, 0].max() + m)), int(np.ceil(pts[:, 1].max() + m)))
+
+
+def _hair_pixels(grey: np.ndarray, dark: np.ndarray, texture: np.ndarray) -> np.ndarray:
+    """(H, W) bool: hair by :func:`hair_features` — greyer than the skin, or darker
+    and more textured."""
+    out: np.ndarray = (grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE))
+    return out
 
 
 def _facial_hair(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = None) -> np.ndarray:
@@ -311,7 +326,7 @@ def _facial_hair(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = No
     # The lips' edge is shaded and lined: hair is judged a little away from it,
     # and a region found reaches it afterwards.
     zone = full & ~occ.grow(frame.feats[4], LIP_MARGIN * d)
-    hair = zone & ((grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE)))
+    hair = zone & _hair_pixels(grey, dark, texture)
     binary = hair.astype(np.uint8)
     binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_CLOSE, occ.disc(0.04 * d)), np.uint8)
     binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_OPEN, occ.disc(0.02 * d)), np.uint8)
@@ -649,14 +664,8 @@ def hairline_mask(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     lies inside its outline at the upper edge (see the module doc); only the upper
     face's box is examined (the band and the skin the hair is judged against)."""
     lm = np.asarray(lm, np.float64)
-    d = eye_distance(lm)
     skin = occ.skin_vertices(lm)
-    pts = np.concatenate([lm[list(topo.FACE_OVAL), :2], lm[skin, :2]])
-    mid, _, down, mouth, _, _ = _face_axes(lm)
-    pts = pts[(pts - mid) @ down <= UPPER_FACE * mouth]
-    m = HAIR_BOX_MARGIN * d
-    box = (int(pts[:, 0].min() - m), int(pts[:, 1].min() - m),
-           int(np.ceil(pts[:, 0].max() + m)), int(np.ceil(pts[:, 1].max() + m)))
+    box = _height_box(lm, skin, -np.inf, UPPER_FACE)
     return _on_box(image, lm, box, 1.0, functools.partial(_hairline, skin=skin))
 
 
@@ -672,7 +681,7 @@ def _hairline(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = None
         return out
     grey, dark, texture = feats
     d = eye_distance(lm)
-    hair = (grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE))
+    hair = _hair_pixels(grey, dark, texture)
     eyes_brows = np.maximum.reduce(frame.feats[:4])
     hair &= (frame.t < HAIRLINE_BOTTOM) & ~occ.grow(eyes_brows, HAIRLINE_CLEAR * d)
     out[occ.rim_background(hair, frame.face, HAIRLINE_BAND * d)] = 1.0
