@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from facefuse.imaging.channels import each_channel
 from facefuse.imaging.stats import median
 
 #: ITU-R BT.601 luma weights (RGB).
@@ -302,7 +303,7 @@ def full_resolution_layer(
     change = low_pass(np.subtract(fused_small, target_small, dtype=np.float32), split_small)
     if own_small is not None:
         # (At the working scale: the kept features' masks are feathered, smooth.)
-        change *= (1.0 - own_small)[..., None]
+        change *= each_channel(1.0 - own_small)
     layer += upsample(change, size)
     # Off the mesh's inner part the source maps are undefined: no source detail
     # within a working pixel of the mesh's edge, nor of where the source map tears.
@@ -332,14 +333,14 @@ def full_resolution_layer(
     share = a * a * (3.0 - 2.0 * a)
     detail *= share
     out = layer[y0:y1, x0:x1]
-    out += detail[..., None]
+    out += each_channel(detail)
     # The detail bands are luma: the target's colour above the split (a nostril's,
     # a mole's) would stay as a tinted ghost of it. Where the source is shown it goes.
-    colour = np.asarray(warped_box, np.float32) - tgt_y[..., None]
+    colour = np.asarray(warped_box, np.float32) - each_channel(tgt_y)
     # (One Gaussian of the two bands' combined σ: the same low-pass as their cascade,
     # at half size.)
     colour -= low_pass(colour, float(np.hypot(FINE_SIGMA, split)))
-    colour *= share[..., None]
+    colour *= each_channel(share)
     out -= colour
     return layer
 

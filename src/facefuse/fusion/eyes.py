@@ -21,6 +21,7 @@ from facefuse.faces import topology as topo
 from facefuse.fusion import mask as masks
 from facefuse.fusion.detail import LUMA
 from facefuse.fusion.geometry import eye_groups
+from facefuse.imaging.channels import each_channel
 from facefuse.imaging.stats import median
 
 #: The iris colour is measured on this annulus (fractions of the iris radius):
@@ -233,7 +234,7 @@ def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray |
             continue
         lo, hi = (f * float(median(luma[inside])) for f in HIGHLIGHT_RAMP)
         spare = np.clip((luma - lo) / max(1e-3, hi - lo), 0.0, 1.0)
-        share = (weight * disc * opening * (1.0 - spare))[..., None]
+        share = each_channel(weight * disc * opening * (1.0 - spare))
         # Each pixel takes the source's hue at its own luma times the gain: the
         # target iris's texture stays, its hue goes.
-        box += share * ((box @ LUMA)[..., None] * gain - box)
+        box += share * (each_channel(box @ LUMA) * gain - box)

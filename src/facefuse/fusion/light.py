@@ -29,6 +29,7 @@ import numpy as np
 from facefuse.fusion.detail import LUMA
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.occlusion import skin_vertices
+from facefuse.imaging.channels import each_channel
 from facefuse.imaging.stats import median
 
 #: Ridge weight on the first and second SH bands (the basis values are O(1));
@@ -205,6 +206,6 @@ def keep_dark_hue(relit: np.ndarray, before: np.ndarray, skin: np.ndarray) -> No
     if w == 0 or h == 0:
         return
     box = (slice(y, y + h), slice(x, x + w))
-    r, b, d = relit[box], before[box], dark[box][..., None]
-    own = b * ((r @ LUMA + 1.0) / (y_before[box] + 1.0))[..., None]
+    r, b, d = relit[box], before[box], each_channel(dark[box])
+    own = b * each_channel((r @ LUMA + 1.0) / (y_before[box] + 1.0))
     r += d * (own - r)

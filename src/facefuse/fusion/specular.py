@@ -24,6 +24,7 @@ import numpy as np
 from facefuse.fusion import mask as masks
 from facefuse.fusion import occlusion as occ
 from facefuse.fusion.geometry import eye_distance
+from facefuse.imaging.channels import each_channel
 from facefuse.imaging.pixels import masked_blur
 from facefuse.imaging.stats import median
 
@@ -124,5 +125,5 @@ def suppress(rgb: np.ndarray, landmarks: np.ndarray
 def apply(rgb: np.ndarray, weight: np.ndarray, mean: np.ndarray) -> np.ndarray:
     """``rgb`` (H, W, 3) uint8 pulled toward ``mean`` (H, W, 3) by ``weight`` (H, W)."""
     out = rgb.astype(np.float32)
-    out += weight[..., None] * (mean - out)
+    out += each_channel(weight) * (mean - out)
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)

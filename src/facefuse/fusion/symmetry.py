@@ -44,6 +44,7 @@ from facefuse.faces.landmarker import MESH_POINTS
 from facefuse.faces.mesh_mirror import MIRROR
 from facefuse.fusion.light import vertex_normals
 from facefuse.fusion.occlusion import outline_mask, skin_vertices
+from facefuse.imaging.channels import each_channel
 
 #: Foreshortening ratio (source over target) at and below which a triangle counts
 #: as hidden in the source, and at and above which as fully shown.
@@ -228,9 +229,9 @@ def tone_colours(source_img: np.ndarray, source_lm: np.ndarray, eye_px: float,
         outline = outline_mask(source_lm, source_img.shape)
     face = cv2.resize(outline, small, interpolation=cv2.INTER_AREA)
     img = cv2.resize(np.asarray(source_img, np.float32), small, interpolation=cv2.INTER_AREA)
-    num = cv2.GaussianBlur(img * face[..., None], (0, 0), sigma * k)
+    num = cv2.GaussianBlur(img * each_channel(face), (0, 0), sigma * k)
     den = cv2.GaussianBlur(face, (0, 0), sigma * k)
-    low: np.ndarray = num / np.maximum(den, 1e-3)[..., None]
+    low: np.ndarray = num / each_channel(np.maximum(den, 1e-3))
     return low, k
 
 
@@ -285,7 +286,7 @@ def mix(direct: np.ndarray, d: np.ndarray, mirror: np.ndarray, m: np.ndarray) ->
     weights (h, w); the direct layer where both weights are 0."""
     total = d + m
     share = np.where(total > 0, m / np.maximum(total, 1e-6), 0.0).astype(np.float32)
-    out: np.ndarray = direct + share[..., None] * (mirror - direct)
+    out: np.ndarray = direct + each_channel(share) * (mirror - direct)
     return out
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from facefuse.errors import InvalidArgumentError
+from facefuse.imaging.channels import each_channel
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -66,8 +67,9 @@ def _finish(out: F32, fg: npt.NDArray[Any], bg: npt.NDArray[Any]) -> npt.NDArray
     return out
 
 
-def _expand(m: F32, ndim: int) -> F32:
-    return m[..., None] if ndim == 3 else m
+def _expand(m: F32, like: npt.NDArray[Any]) -> F32:
+    """The (H, W) mask ``m`` in each channel of ``like`` (H, W[, C])."""
+    return each_channel(m, like.shape[2]) if like.ndim == 3 else m
 
 
 def alpha_blend(
@@ -85,7 +87,7 @@ def alpha_blend(
         ``fg`` exactly where m = 1), else float32.
     """
     _check_pair(fg, bg)
-    m = _expand(_mask_f32(mask, fg.shape), fg.ndim)
+    m = _expand(_mask_f32(mask, fg.shape), fg)
     b = bg.astype(np.float32)
     out: F32 = b + m * (fg.astype(np.float32) - b)
     return _finish(out, fg, bg)
@@ -137,7 +139,7 @@ def laplacian_blend(
     b = bg.astype(np.float32)
     diff = np.subtract(fg, b, dtype=np.float32)
     if n == 0 or not np.any(m):
-        out0: F32 = b + _expand(m, fg.ndim) * diff
+        out0: F32 = b + _expand(m, fg) * diff
         return _finish(out0, fg, bg)
     squeeze = fg.ndim == 3 and fg.shape[2] == 1  # OpenCV would drop that axis
     d2 = diff[..., 0] if squeeze else diff
@@ -148,7 +150,6 @@ def laplacian_blend(
 
 def _pyramid_blend(diff: F32, mask: F32, n: int) -> F32:
     """``collapse(G(mask) · L(diff))`` with ``n`` reductions; diff (H, W[, C]) float32."""
-    ndim = diff.ndim
     gauss_d: list[F32] = [diff]
     gauss_m: list[F32] = [mask]
     for _ in range(n):
@@ -156,12 +157,12 @@ def _pyramid_blend(diff: F32, mask: F32, n: int) -> F32:
         gauss_m.append(_f32(cv2.pyrDown(gauss_m[-1])))
     # Coarsest band first, then add each finer band while expanding (in place: at
     # the finest levels every temporary is a full-size float image).
-    acc: F32 = _expand(gauss_m[n], ndim) * gauss_d[n]
+    acc: F32 = _expand(gauss_m[n], gauss_d[n]) * gauss_d[n]
     for k in range(n - 1, -1, -1):
         size = (gauss_d[k].shape[1], gauss_d[k].shape[0])
         band = _f32(cv2.pyrUp(gauss_d[k + 1], dstsize=size))
         np.subtract(gauss_d[k], band, out=band)
-        band *= _expand(gauss_m[k], ndim)
+        band *= _expand(gauss_m[k], band)
         acc = _f32(cv2.pyrUp(acc, dstsize=size))
         acc += band
     return acc

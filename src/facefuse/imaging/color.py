@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from facefuse.errors import InvalidArgumentError
+from facefuse.imaging.channels import each_channel
 from facefuse.imaging.stats import median
 
 U8 = npt.NDArray[np.uint8]
@@ -402,5 +403,5 @@ def match_sharpness(
         grain = min(_MAX_GRAIN, float(np.sqrt(target_noise**2 - current**2)))
         rng = np.random.default_rng(seed)
         noise = rng.standard_normal(src.shape[:2], dtype=np.float32) * np.float32(grain)
-        out = out + noise[..., None]
+        out = out + each_channel(noise, out.shape[2])
     return _finish(out, src)

@@ -32,6 +32,7 @@ import onnxruntime as ort
 
 from facefuse.config import Settings
 from facefuse.imaging.blend import auto_levels, laplacian_blend
+from facefuse.imaging.channels import each_channel
 from facefuse.imaging.warp import remap_region
 from facefuse.runtime.binding import run_bound
 from facefuse.runtime.providers import device_of
@@ -85,13 +86,13 @@ def masked_blur(image: np.ndarray, weight: np.ndarray, sigma: float) -> np.ndarr
     w: np.ndarray = weight.astype(np.float32)
     h, wd = w.shape
     k, small, s = blur_plan(h, wd, sigma)
-    num_in: np.ndarray = image * w[..., None]
+    num_in: np.ndarray = image * each_channel(w, image.shape[2])
     if k > 1:
         num_in = cv2.resize(num_in, small, interpolation=cv2.INTER_AREA)
         w = cv2.resize(w, small, interpolation=cv2.INTER_AREA)
     num = cv2.GaussianBlur(num_in, (0, 0), s, borderType=cv2.BORDER_REFLECT)
     den = cv2.GaussianBlur(w, (0, 0), s, borderType=cv2.BORDER_REFLECT)
-    out: np.ndarray = num / np.maximum(den, 1e-4)[..., None]
+    out: np.ndarray = num / each_channel(np.maximum(den, 1e-4), num.shape[2])
     if k > 1:
         out = cv2.resize(out, (wd, h), interpolation=cv2.INTER_LINEAR)
     return out

@@ -36,6 +36,7 @@ from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.source_prep import UNCACHED, SourceCache, SourceEntry, quantised_scale
 from facefuse.fusion.swappers.base import FaceLayer
 from facefuse.fusion.types import FuseOptions
+from facefuse.imaging.channels import copy_where, each_channel
 from facefuse.imaging.color import match_sharpness
 from facefuse.imaging.pixels import OpenCVPixels, PixelBackend
 from facefuse.imaging.warp import delaunay, piecewise_affine_maps
@@ -195,7 +196,7 @@ def _vertex_field(values: np.ndarray, points: np.ndarray, size: tuple[int, int],
     s = max(0.7, sigma / FIELD_STEP)
     num = cv2.GaussianBlur(num, (0, 0), s, borderType=cv2.BORDER_REPLICATE)
     den = cv2.GaussianBlur(den, (0, 0), s, borderType=cv2.BORDER_REPLICATE)
-    field = num / np.maximum(den, 1e-3)[..., None]
+    field = num / each_channel(np.maximum(den, 1e-3))
     field[den < 1e-3] = 1.0
     out: np.ndarray = cv2.resize(field, (w, h), interpolation=cv2.INTER_LINEAR)
     return out
@@ -525,11 +526,11 @@ class ClassicSwapper:
         w_tex = options.texture_weight
         relight = options.relight and w_tex > 0.0
         (mx_t, my_t), (mx_s, my_s) = maps[:2]
-        outside = ~valid[..., None]
+        outside = ~valid
         # Outside the mesh the maps are undefined: use the target's own pixels there,
         # so coarse pyramid levels of the blend never see invented content.
         target_layer = self.pixels.remap(tgt_img, mx_t, my_t)
-        np.copyto(target_layer, tgt_img, where=outside)
+        copy_where(target_layer, tgt_img, outside)
         mask = masks.oval_mask(dst, frame, feather) * valid.astype(np.float32)
         if tgt_occ is not None:
             tgt_occ = tgt_occ if tgt_occ.any() else None
@@ -581,8 +582,8 @@ class ClassicSwapper:
                 raw = sym.mix(raw, d, mirror_raw, m)
                 keep = d + m
             reject = 1.0 - keep
-        np.copyto(source_layer, target_layer, where=outside)
-        np.copyto(raw, target_layer, where=outside)
+        copy_where(source_layer, target_layer, outside)
+        copy_where(raw, target_layer, outside)
         skin = (mask > 0.5).astype(np.float32)
         if reject is not None:
             skin *= 1.0 - reject
@@ -624,7 +625,7 @@ class ClassicSwapper:
             alpha *= 1.0 - specular.highlights(target_layer, dst, face_skin)
         # target + alpha * (source - target), in place.
         source_layer -= target_layer
-        source_layer *= alpha[..., None]
+        source_layer *= each_channel(alpha)
         source_layer += target_layer
         beyond = None
         if options.evaluate:
