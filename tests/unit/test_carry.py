@@ -16,7 +16,7 @@ from facefuse.errors import InvalidArgumentError
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import regions
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.classic import WORK_EYE_PX, ClassicSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import occluder_survival
@@ -185,3 +185,38 @@ def test_worn_regions_are_the_occluder_masks_regions(
     found = regions.worn_regions(small, local, glasses=True, facial_hair=True)
     assert found.any()
     assert np.array_equal(both, np.maximum(alone, found))
+
+
+def test_the_frames_of_a_carry_share_the_triangulation(samples: dict[str, Sample]) -> None:
+    """The fused mesh's triangulation on the frame the carry was made on serves the
+    fused meshes of the next frames while none of its triangles flips; a mesh
+    that folded over is triangulated on its own."""
+    from facefuse.imaging.warp import delaunay
+
+    s = samples["biden"]
+    assert ClassicSwapper().carry(s.image, s.faces[0], FuseOptions()).triangles is None
+    options = FuseOptions()
+    carried = ClassicSwapper().carry(s.image, s.faces[0], options,
+                                     samples["obama"].faces[0])
+    assert carried.triangles is not None and not carried.triangles.flags.writeable
+    lm = fused_shape(samples["obama"].faces[0].landmarks.astype(np.float64),
+                     s.faces[0].landmarks.astype(np.float64), options.shape_weight)
+    calls: list[int] = []
+
+    def triangulate(pts: np.ndarray) -> np.ndarray:
+        calls.append(1)
+        return delaunay(pts)
+
+    mesh = lm[:468, :2]
+    assert carried.triangles_for(mesh, triangulate) is carried.triangles and not calls
+    # The face a little turned, moved and grown: the same triangles.
+    m = cv2.getRotationMatrix2D((300.0, 300.0), 3.0, 1.02)
+    moved = mesh @ m[:, :2].T + m[:, 2] + (4.0, -2.0)
+    assert carried.triangles_for(moved, triangulate) is carried.triangles and not calls
+    # Mirrored, every triangle flips: triangulated on its own.
+    mirrored = mesh * (-1.0, 1.0) + (2 * mesh[:, 0].max(), 0.0)
+    own = carried.triangles_for(mirrored, triangulate)
+    assert len(calls) == 1 and own is not carried.triangles
+    a, b, c = (mirrored[own[:, k]] for k in range(3))
+    u, v = b - a, c - a
+    assert (u[:, 0] * v[:, 1] - u[:, 1] * v[:, 0] > 0).all()

@@ -12,10 +12,20 @@ similarity fits its mesh badly), or changed size, is looked at again
 
 Besides the cost, a carried region does not flicker: found again on every frame,
 a beard's edge or a thin frame comes and goes by a pixel or two.
+
+The frames a :class:`Carried` serves also share one triangulation of the fused
+mesh (:meth:`Carried.triangles_for`): the one of the frame it was found on,
+used on each frame's fused mesh while every triangle keeps its orientation
+there (a mesh that folded over is triangulated on its own). It depends on the
+frame it was found on alone, so frames rendered at once get the same clip as
+frames rendered in turn. The source-side work that depends on the triangles (its lighting on the
+mesh, its side-to-side tone) is then found in the source's memo instead of
+being done again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import cv2
@@ -51,6 +61,8 @@ class Carried:
         cut: the face's neighbourhood reached past the image's edge when found (a
             face entering the frame): what lay beyond was not seen, so the next
             frame looks again.
+        triangles: (T, 3) a triangulation of the fused mesh on the frame found
+            (see :meth:`triangles_for`), or None.
     """
 
     mask: np.ndarray | None
@@ -59,6 +71,18 @@ class Carried:
     points: np.ndarray
     iris: tuple[np.ndarray, np.ndarray] | None
     cut: bool = False
+    triangles: np.ndarray | None = None
+
+    def triangles_for(self, points: np.ndarray,
+                      triangulate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """(T, 3) triangles for the fused mesh ``points`` (468, 2) of a frame served:
+        :attr:`triangles` while every one keeps a positive area on ``points`` (no
+        fold; :func:`facefuse.imaging.warp.delaunay`'s orientation), else
+        ``triangulate(points)``."""
+        if self.triangles is not None and len(self.triangles) and _oriented(
+                points, self.triangles):
+            return self.triangles
+        return triangulate(points)
 
     def to(self, landmarks: np.ndarray) -> np.ndarray:
         """(2, 3) similarity from the found mesh to ``landmarks`` (N ≥ 468, 2+) image
@@ -99,6 +123,20 @@ class Carried:
         out: np.ndarray = cv2.warpAffine(self.mask, m, size, flags=cv2.INTER_LINEAR,
                                          borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
         return out
+
+
+#: Smallest doubled area (px²) of a carried triangle still taken as oriented.
+MIN_AREA2 = 1e-6
+
+
+def _oriented(points: np.ndarray, tris: np.ndarray) -> bool:
+    """Whether every triangle ``tris`` (T, 3) keeps, on ``points`` (N, 2), the
+    orientation :func:`facefuse.imaging.warp.delaunay` gives: ``(v1 − v0) × (v2 − v0)
+    > 0``."""
+    p = np.asarray(points, np.float64)
+    a, b, c = p[tris[:, 0]], p[tris[:, 1]], p[tris[:, 2]]
+    area2 = (b[:, 0] - a[:, 0]) * (c[:, 1] - a[:, 1]) - (c[:, 0] - a[:, 0]) * (b[:, 1] - a[:, 1])
+    return bool((area2 > MIN_AREA2).all())
 
 
 def _pixel_scale(sx: float, sy: float, tx: float, ty: float) -> np.ndarray:

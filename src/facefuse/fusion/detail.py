@@ -36,6 +36,7 @@ scale) the layer is exactly ``T``; with an unmoved mesh, exactly the target.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import cv2
@@ -90,6 +91,12 @@ class Scaled:
 
     full: np.ndarray
     small: tuple[int, int]
+
+    @functools.cached_property
+    def full_luma(self) -> np.ndarray:
+        """(H, W) float32 luma of ``full``, computed once (a source's crop, kept in
+        its memo, serves every frame of a clip)."""
+        return luma(self.full)
 
     @property
     def ratio(self) -> tuple[float, float]:
@@ -323,7 +330,7 @@ def full_resolution_layer(
         return layer
     a = upsample_window(direct, target.ratio, box)
     sx, sy = full_maps(*source_maps, valid, target, source, box)
-    src_y = cv2.remap(luma(source.full), sx, sy, INTERPOLATION,
+    src_y = cv2.remap(source.full_luma, sx, sy, INTERPOLATION,
                       borderMode=cv2.BORDER_REFLECT_101)
     warped_box = warped[y0:y1, x0:x1]
     tgt_y = luma(warped_box)

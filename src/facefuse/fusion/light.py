@@ -155,6 +155,17 @@ def face_lighting(image: np.ndarray, landmarks: np.ndarray, normals: np.ndarray,
     return fit_lighting(cols, normals[idx])
 
 
+def source_lighting(source_img: np.ndarray, source_lm: np.ndarray, triangles: np.ndarray,
+                    source_occluders: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The source face's side of :func:`layer_gains`: its vertex normals (M, 3) on
+    ``triangles`` and its SH lighting (9, 3), or None (M = ``len(source_lm)``). It
+    depends on the source and the triangles alone: a clip whose frames share
+    their triangulation keeps it in the source's memo."""
+    n_s = vertex_normals(source_lm, triangles)
+    return n_s, face_lighting(source_img, source_lm, n_s, source_occluders)
+
+
 def layer_gains(
     source_img: np.ndarray,
     source_lm: np.ndarray,
@@ -164,15 +175,17 @@ def layer_gains(
     triangles: np.ndarray,
     source_occluders: np.ndarray | None = None,
     target_occluders: np.ndarray | None = None,
+    source: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> np.ndarray:
     """Per-vertex RGB gains (M, 3) that relight the source face into the target's
     lighting on the fused mesh (M = ``len(fused_lm)``); all ones when either
-    lighting cannot be estimated. Landmarks in each image's own frame."""
+    lighting cannot be estimated. Landmarks in each image's own frame; ``source``:
+    :func:`source_lighting` of the first M source points when the caller kept it."""
     m = len(fused_lm)
-    n_s = vertex_normals(source_lm[:m], triangles)
+    n_s, c_s = (source if source is not None else
+                source_lighting(source_img, source_lm[:m], triangles, source_occluders))
     n_t = vertex_normals(target_lm[:m], triangles)
     n_f = vertex_normals(fused_lm[:m], triangles)
-    c_s = face_lighting(source_img, source_lm[:m], n_s, source_occluders)
     c_t = face_lighting(target_img, target_lm[:m], n_t, target_occluders)
     if c_s is None or c_t is None:
         return np.ones((m, 3))

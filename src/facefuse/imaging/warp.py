@@ -266,13 +266,15 @@ def piecewise_affine_maps(
     valid = labels > 0
     if extrapolate:
         labels = _fill_nearest(labels)
+    # (Every gather below would convert int32 indices to intp again: once here.)
+    index = labels.astype(np.intp)
     xs = np.arange(x1 - x0, dtype=np.float32)[None, :]
     ys = np.arange(y1 - y0, dtype=np.float32)[:, None]
     maps: list[tuple[F32, F32]] = []
     for table in tables:
         per_axis = []
         for axis in (0, 1):
-            a, b, c = (np.take(table[axis, k], labels) for k in range(3))
+            a, b, c = (np.take(table[axis, k], index) for k in range(3))
             a *= xs
             b *= ys
             a += b

@@ -333,7 +333,7 @@ class ClipFusion:
             if not isinstance(tr.tone, _Tone):
                 tr.tone = _Tone()
             plan.targets.append(_Target(tr, face, src, tr.tone, tr.tone.resets,
-                                        self._carried(tr, rgb, face, index)))
+                                        self._carried(tr, rgb, face, src.face, index)))
             assert face.landmarks is not None and tr.face.landmarks is not None
             plan.stats.landmarks[tr.id] = np.asarray(face.landmarks)
             plan.stats.raw_landmarks[tr.id] = np.asarray(tr.face.landmarks)
@@ -381,18 +381,20 @@ class ClipFusion:
         prev, self._thumb = self._thumb, grey
         return prev is not None and float(np.abs(grey - prev).mean()) > CUT_ABOVE
 
-    def _carried(self, tr: Track, rgb: np.ndarray, face: Face, index: int) -> Carried | None:
+    def _carried(self, tr: Track, rgb: np.ndarray, face: Face, source: Face, index: int
+                 ) -> Carried | None:
         """What the renderer reuses of the track's face in frame ``index``: found again
         once it is ``regions_every`` frames old (counted in frames, not renders: a
         face left unfused for a while is looked at again), or when the face no
-        longer fits it."""
+        longer fits it. ``source``: the face fused into it."""
         every = self.options.regions_every
         if every <= 1:
             return None
         c = tr.carried
         assert face.landmarks is not None
         if c is None or index - tr.carried_at >= every or not c.fits(face.landmarks):
-            c, tr.carried_at = self.swapper.carry(rgb, face, self._render_options), index
+            c = self.swapper.carry(rgb, face, self._render_options, source)
+            tr.carried_at = index
         tr.carried = c
         return c
 

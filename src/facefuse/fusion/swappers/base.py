@@ -56,8 +56,9 @@ class Swapper(Protocol):
         clip (None: everything is found on this frame)."""
         ...
 
-    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions
-              ) -> Carried | None:
-        """What of ``target_face`` the next frames of a clip may reuse
-        (:mod:`facefuse.fusion.carry`), or None when the swapper reuses nothing."""
+    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions,
+              source_face: Face | None = None) -> Carried | None:
+        """What of ``target_face`` (with ``source_face`` fused into it, when given) the
+        next frames of a clip may reuse (:mod:`facefuse.fusion.carry`), or None when
+        the swapper reuses nothing."""
         ...

@@ -281,21 +281,25 @@ class _Geometry:
     """The fused mesh over the target's working image: its ``triangles`` (T, 3), the
     symmetric fill's plan (or None), the remap ``maps`` of the target's, the
     source's and (with a fill) the mirrored points and fill weights, and ``valid``
-    (h, w) bool inside the mesh."""
+    (h, w) bool inside the mesh; ``shared``: the triangles serve other frames of a
+    clip too (the source's work on them is worth keeping in its memo)."""
 
     triangles: np.ndarray
     fill: sym.FillPlan | None
     maps: list[tuple[np.ndarray, np.ndarray]]
     valid: np.ndarray
+    shared: bool = False
 
 
 def _geometry(src_lm: np.ndarray, tgt_lm: np.ndarray, dst: np.ndarray, shape: tuple[int, ...],
-              options: FuseOptions) -> _Geometry:
+              options: FuseOptions, carried: Carried | None = None) -> _Geometry:
     """The mesh geometry of a render over a target working image of ``shape``: the
-    source's, the target's and the fused landmarks (N, 3) in their working frames."""
+    source's, the target's and the fused landmarks (N, 3) in their working frames
+    (``carried``: a clip's findings, whose frames share the triangulation)."""
     h, w = shape[:2]
     mesh_dst = dst[:MESH_POINTS, :2]
-    tris = _triangles(mesh_dst, (w, h))
+    tris = (_triangles(mesh_dst, (w, h)) if carried is None
+            else carried.triangles_for(mesh_dst, lambda pts: _triangles(pts, (w, h))))
     fill = (sym.plan_fill(src_lm, dst, tris)
             if options.symmetric_fill and options.texture_weight > 0 else None)
     fill = fill if fill is not None and fill.needed else None
@@ -303,7 +307,7 @@ def _geometry(src_lm: np.ndarray, tgt_lm: np.ndarray, dst: np.ndarray, shape: tu
     if fill is not None:
         point_sets += [fill.mirrored_points, fill.weight_points()]
     maps, valid = piecewise_affine_maps(point_sets, mesh_dst, tris, (0, 0, w, h))
-    return _Geometry(tris, fill, maps, valid)
+    return _Geometry(tris, fill, maps, valid, carried is not None and tris is carried.triangles)
 
 
 @dataclass
@@ -459,7 +463,8 @@ class ClassicSwapper:
                 worn = carried.mask_onto(tgt_lm, (x0, y0), frame.ratio, frame.small)
                 if worn is not None:
                     np.maximum(tgt_occ, worn, out=tgt_occ)
-            geometry = _geometry(src_local, tgt_local, dst_local, tgt_img.shape, options)
+            geometry = _geometry(src_local, tgt_local, dst_local, tgt_img.shape, options,
+                                 carried)
         except BaseException:
             side.exception()  # the source side finishes; the target side's error is raised
             raise
@@ -545,9 +550,14 @@ class ClassicSwapper:
         # pixels keep their hue (light.keep_dark_hue).
         raw = source_layer.copy()
         gains = None
+        # The source's work on the fused mesh's triangles, memoised under them when
+        # a clip's frames share their triangulation (fusion.carry).
+        on_tris, tri_memo = (tris.tobytes(), prep) if geometry.shared else (b"", UNCACHED)
         if relight:
+            src_light = tri_memo.get(("light", on_tris), lambda: light.source_lighting(
+                src_img, src_lm[:MESH_POINTS], tris, src_occ))
             gains = light.layer_gains(src_img, src_lm, tgt_img, tgt_lm, dst[:MESH_POINTS], tris,
-                                      src_occ, tgt_occ)
+                                      src_occ, tgt_occ, src_light)
             source_layer *= self._gain_field(gains, mesh_dst, dst, (w, h))
         samples = [(mx_s, my_s)]
         reject = None
@@ -573,9 +583,10 @@ class ClassicSwapper:
                                    uncovered, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m)
                 mirror_raw = mirror_layer.copy()
-                tone = sym.side_tone(src_img, src_lm, tris, eye_distance(src_lm), src_occ,
-                                     outline, prep.get("tone", lambda: sym.tone_colours(
-                                         src_img, src_lm, eye_distance(src_lm), outline)))
+                tone = tri_memo.get(("side_tone", on_tris), lambda: sym.side_tone(
+                    src_img, src_lm, tris, eye_distance(src_lm), src_occ, outline,
+                    prep.get("tone", lambda: sym.tone_colours(
+                        src_img, src_lm, eye_distance(src_lm), outline))))
                 mirror_layer *= self._gain_field(tone if gains is None else tone * gains,
                                                  mesh_dst, dst, (w, h))
                 source_layer = sym.mix(source_layer, d, mirror_layer, m)
@@ -638,11 +649,12 @@ class ClassicSwapper:
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
                      (mx_s, my_s), valid, direct, skin, features, 1.0 - left)
 
-    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions
-              ) -> Carried:
+    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions,
+              source_face: Face | None = None) -> Carried:
         """The target face's glasses and facial hair (as the options ask for them),
-        found at the working scale, and its iris colour: for the next frames of a
-        clip (:mod:`facefuse.fusion.carry`)."""
+        found at the working scale, its iris colour and (given the face fused into
+        it) the fused mesh's triangulation: for the next frames of a clip
+        (:mod:`facefuse.fusion.carry`)."""
         assert target_face.landmarks is not None
         lm = target_face.landmarks.astype(np.float64)
         box = masks.face_region(lm, target_rgb.shape, 2 * masks.feather_px(lm))
@@ -657,7 +669,12 @@ class ClassicSwapper:
         iris = eyes.iris_colour(target_rgb, lm) if options.texture_weight > 0.0 else None
         h, w = target_rgb.shape[:2]
         cut = box[0] <= 0 or box[1] <= 0 or box[2] >= w or box[3] >= h
-        return Carried(mask, box, ratio, lm[:MESH_POINTS, :2].copy(), iris, cut)
+        tris = None
+        if source_face is not None and source_face.landmarks is not None:
+            dst = fused_shape(source_face.landmarks.astype(np.float64), lm, options.shape_weight)
+            tris = delaunay(dst[:MESH_POINTS, :2])
+            tris.flags.writeable = False
+        return Carried(mask, box, ratio, lm[:MESH_POINTS, :2].copy(), iris, cut, tris)
 
     @staticmethod
     def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,
