@@ -300,3 +300,18 @@ def test_warp_chip_reduces_large_regions_through_the_pyramid() -> None:
     assert chip.max() <= 128, chip.max()
     # same inputs, same bytes: the warp is a pure function
     np.testing.assert_array_equal(chip, warp_chip(board.copy(), M.copy(), 150))
+
+
+def test_unweighted_similarity_is_umeyamas() -> None:
+    """The closed form used for equal weights gives Umeyama's fit (the weighted
+    path with all weights 1), reflected point sets included."""
+    rng = np.random.default_rng(3)
+    for k in (2, 3, 7, 40):
+        for flip in (1.0, -1.0):
+            s = rng.random((k, 2)) * 400
+            ang, sc = rng.uniform(-3, 3), rng.uniform(0.5, 2.0)
+            r = sc * np.array([[np.cos(ang), -np.sin(ang)], [np.sin(ang), np.cos(ang)]])
+            d = (s @ r.T + (30.0, -12.0) + rng.normal(0, 3, (k, 2))) * (flip, 1.0)
+            np.testing.assert_allclose(similarity_transform(s, d),
+                                       similarity_transform(s, d, np.ones(k)),
+                                       rtol=1e-9, atol=1e-9)

@@ -126,9 +126,9 @@ def similarity_transform(
 ) -> np.ndarray:
     """Least-squares similarity (rotation, uniform scale, translation) ``src → dst``.
 
-    Umeyama's method, without reflection. Args: ``src``, ``dst`` (K, 2) points
-    (K ≥ 2), optional (K,) non-negative weights. Returns (2, 3) float64 ``M`` with
-    ``dst ≈ M @ [x, y, 1]``.
+    Umeyama's method, without reflection (in closed form for equal weights).
+    Args: ``src``, ``dst`` (K, 2) points (K ≥ 2), optional (K,) non-negative
+    weights. Returns (2, 3) float64 ``M`` with ``dst ≈ M @ [x, y, 1]``.
     """
     s = np.asarray(src, np.float64)
     d = np.asarray(dst, np.float64)
@@ -136,7 +136,9 @@ def similarity_transform(
         raise InvalidArgumentError(
             f"need two matching (K>=2, 2) point sets, got {s.shape} and {d.shape}"
         )
-    w = np.ones(len(s)) if weights is None else np.asarray(weights, np.float64)
+    if weights is None:
+        return _similarity_unweighted(s, d)
+    w = np.asarray(weights, np.float64)
     if w.shape != (len(s),) or np.any(w < 0) or w.sum() <= 0:
         raise InvalidArgumentError("weights must be K non-negative numbers with a positive sum")
     w = w / w.sum()
@@ -155,6 +157,24 @@ def similarity_transform(
     scale = float((sv * np.diag(flip)).sum()) / var_s
     t = mu_d - scale * rot @ mu_s
     return np.hstack([scale * rot, t[:, None]])
+
+
+def _similarity_unweighted(s: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """:func:`similarity_transform` with equal weights, in closed form: in 2-D the
+    best rotation and scale are ``(Σ xs·xd, Σ xs × xd) / Σ |xs|²`` of the centred
+    points, the same optimum Umeyama's SVD (with its reflection guard) reaches, at a
+    tenth of the cost on the few points the fusion fits (to rounding error)."""
+    mu_s = s.mean(axis=0)
+    mu_d = d.mean(axis=0)
+    xs, xd = s - mu_s, d - mu_d
+    var_s = float((xs * xs).sum())
+    if var_s <= 0:
+        raise InvalidArgumentError("source points are all the same")
+    a = float((xs * xd).sum()) / var_s
+    b = float((xs[:, 0] * xd[:, 1] - xs[:, 1] * xd[:, 0]).sum()) / var_s
+    m0x, m0y = float(mu_s[0]), float(mu_s[1])
+    return np.array([[a, -b, float(mu_d[0]) - (a * m0x - b * m0y)],
+                     [b, a, float(mu_d[1]) - (b * m0x + a * m0y)]])
 
 
 def invert_affine(M: np.ndarray) -> np.ndarray:
