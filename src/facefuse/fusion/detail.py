@@ -206,7 +206,8 @@ def map_tears(map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray) -> np.nda
     out = np.zeros(map_x.shape, bool)
     steps = []
     for axis in (0, 1):
-        d = np.hypot(np.diff(map_x, axis=axis), np.diff(map_y, axis=axis))
+        # (OpenCV's magnitude: NumPy's overflow-safe hypot runs ~20x slower.)
+        d = cv2.magnitude(np.diff(map_x, axis=axis), np.diff(map_y, axis=axis))
         both = valid[1:, :] & valid[:-1, :] if axis == 0 else valid[:, 1:] & valid[:, :-1]
         steps.append((d, both))
     known = np.concatenate([d[b] for d, b in steps])
