@@ -234,8 +234,9 @@ def hair_features(image: np.ndarray, lm: np.ndarray, frame: _Frame | None = None
     gy = cv2.Sobel(fine, cv2.CV_32F, 0, 1, ksize=3)
     energy = np.asarray(cv2.GaussianBlur(gx * gx + gy * gy, (0, 0), max(1.0, 0.03 * d)),
                         np.float32) / np.maximum(luma, np.float32(8.0)) ** 2
-    log_e = np.log(np.maximum(energy, np.float32(1e-12)))
-    log_l = np.log(luma + np.float32(4.0))
+    # (OpenCV's log: NumPy's runs ~5x slower on float32 images.)
+    log_e = cv2.log(np.maximum(energy, np.float32(1e-12)))
+    log_l = cv2.log(luma + np.float32(4.0))
     side = f.midline if sided else None
     skin_r, skin_g, skin_l, skin_e = _reference((r, g, log_l, log_e), ys, xs, side)
     mean_r, mean_g = median(np.stack([r[ys, xs], g[ys, xs]]), axis=1)
