@@ -266,7 +266,8 @@ def piecewise_affine_maps(
     valid = labels > 0
     if extrapolate:
         labels = _fill_nearest(labels)
-    # (Every gather below would convert int32 indices to intp again: once here.)
+    # (Every gather below would convert int32 indices to intp again: once here.
+    # They index the tables' rows 0..T by construction: no bounds check needed.)
     index = labels.astype(np.intp)
     xs = np.arange(x1 - x0, dtype=np.float32)[None, :]
     ys = np.arange(y1 - y0, dtype=np.float32)[:, None]
@@ -274,7 +275,7 @@ def piecewise_affine_maps(
     for table in tables:
         per_axis = []
         for axis in (0, 1):
-            a, b, c = (np.take(table[axis, k], index) for k in range(3))
+            a, b, c = (np.take(table[axis, k], index, mode="clip") for k in range(3))
             a *= xs
             b *= ys
             a += b
