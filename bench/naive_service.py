@@ -119,8 +119,8 @@ class WholeFrame:
                          padded(layer.face, layer.region, shape, target_rgb),
                          padded(layer.mask, layer.region, shape), layer.landmarks, keep)
 
-    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions
-              ) -> Carried | None:
+    def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions,
+              source_face: Face | None = None) -> Carried | None:
         """The naive loop reuses nothing between frames."""
         return None
 

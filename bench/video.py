@@ -91,9 +91,10 @@ def run_engine(clip: Path, out: Path) -> dict[str, Any]:
     from facefuse.config import Settings
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.geometry import eye_distance
-    from facefuse.video.engine import ClipFusion, VideoFuser, VideoOptions
+    from facefuse.video.engine import ClipFusion, VideoFuser, VideoOptions, frame_threads_only
     from facefuse.video.io import Frame, VideoReader, probe
 
+    frame_threads_only()  # as the worker and `facefuse video` do
     settings = Settings.from_env()
     fuser = FaceFuser(settings)
     source = settings.samples_dir / f"{SOURCE}.jpg"
@@ -176,8 +177,9 @@ def run_long(clip: Path, out: Path) -> dict[str, Any]:
     """One engine run, nothing else: fps and CPU ms per frame (peak RSS by the caller)."""
     from facefuse.config import Settings
     from facefuse.fusion.engine import FaceFuser
-    from facefuse.video.engine import VideoFuser
+    from facefuse.video.engine import VideoFuser, frame_threads_only
 
+    frame_threads_only()  # as the worker and `facefuse video` do
     settings = Settings.from_env()
     fuser = FaceFuser(settings)
     t0, c0 = time.perf_counter(), cpu_seconds()

@@ -313,7 +313,7 @@ def cmd_video(args: argparse.Namespace) -> int:
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.mapping import parse_cli_pair
     from facefuse.video.codecs import ENCODERS, pyav
-    from facefuse.video.engine import VideoFuser, VideoOptions
+    from facefuse.video.engine import VideoFuser, VideoOptions, frame_threads_only
 
     if args.list_encoders:
         av = pyav()
@@ -325,6 +325,7 @@ def cmd_video(args: argparse.Namespace) -> int:
     if len(args.inputs) < 2 or not args.output:
         raise InvalidArgumentError("give SOURCE... CLIP -o OUTPUT")
     settings = _settings(args)
+    frame_threads_only()
     fuser = FaceFuser(settings)
     options = VideoOptions(fuse=_fuse_options(args), encoder=args.encoder,
                            detect_every=args.detect_every, smooth=not args.no_smooth)

@@ -56,3 +56,13 @@ def test_copy_where_across_dtypes(rng: np.random.Generator) -> None:
     where = rng.random((20, 10)) > 0.5
     copy_where(dst, src, where)
     np.testing.assert_array_equal(dst, np.where(where[..., None], src.astype(np.float32), 0))
+
+
+def test_copy_where_into_a_column_strided_view(rng: np.random.Generator) -> None:
+    """A view OpenCV cannot write into (every other column) takes NumPy's path."""
+    src = (rng.random((12, 8, 3)) * 255).astype(np.uint8)
+    where = rng.random((12, 8)) > 0.5
+    canvas = np.zeros((12, 16, 3), np.uint8)
+    copy_where(canvas[:, ::2], src, where)
+    np.testing.assert_array_equal(canvas[:, ::2], np.where(where[..., None], src, 0))
+    assert (canvas[:, 1::2] == 0).all()

@@ -126,35 +126,6 @@ def test_rotated_clip_keeps_its_display_matrix(video: VideoFuser, clips: dict[st
     assert report.fused_frames == report.frames == 8
 
 
-def test_opencvs_own_threads_are_off_while_clips_render_and_back_after(
-        video: VideoFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
-        tmp_path: Path) -> None:
-    """The frames render in the clip's own threads; OpenCV's pool comes back when
-    the last clip ends, whether it ended well or not."""
-    import cv2
-
-    before = cv2.getNumThreads()
-    cv2.setNumThreads(3)
-    try:
-        _check_opencv_threads(video, clips, sample_paths, tmp_path)
-    finally:
-        cv2.setNumThreads(before)
-
-
-def _check_opencv_threads(video: VideoFuser, clips: dict[str, Path],
-                          sample_paths: dict[str, Path], tmp_path: Path) -> None:
-    import cv2
-
-    seen: list[int] = []
-    video.fuse_video(sample_paths[SOURCE], clips["wall"], tmp_path / "a.mp4",
-                     progress=lambda *_: seen.append(cv2.getNumThreads()))
-    assert seen and set(seen) == {1} and cv2.getNumThreads() == 3
-    with pytest.raises(CancelledError):
-        video.fuse_video(sample_paths[SOURCE], clips["motion"], tmp_path / "b.mp4",
-                         cancelled=lambda: True)
-    assert cv2.getNumThreads() == 3
-
-
 def test_no_face_clip_is_reencoded_unchanged(video: VideoFuser, clips: dict[str, Path],
                                              sample_paths: dict[str, Path],
                                              tmp_path: Path) -> None:

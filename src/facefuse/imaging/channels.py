@@ -34,11 +34,13 @@ def each_channel(weight: np.ndarray, channels: int = 3) -> np.ndarray:
 def copy_where(dst: np.ndarray, src: np.ndarray, where: np.ndarray) -> None:
     """``dst[where] = src[where]`` in place for (H, W, C) images and an (H, W)
     bool ``where`` (``np.copyto(dst, src, where=where[..., None])``; OpenCV's
-    masked copy, 1.4 ms where that takes 9.6)."""
-    if src.dtype != dst.dtype or src.shape != dst.shape:
-        np.copyto(dst, src, where=each_channel(where, dst.shape[2]))
+    masked copy, 1.4 ms where that takes 9.6, when both images share a dtype and
+    ``dst`` is laid out row by row)."""
+    mask = np.ascontiguousarray(where, dtype=np.bool_)
+    if (src.dtype != dst.dtype or src.shape != dst.shape or dst.ndim != 3
+            or dst.strides[1:] != (dst.shape[2] * dst.itemsize, dst.itemsize)):
+        np.copyto(dst, src, where=each_channel(mask, dst.shape[2]) if dst.ndim == 3 else mask)
         return
-    mask = np.ascontiguousarray(where).view(np.uint8)
-    out = cv2.copyTo(src, mask, dst)
+    out = cv2.copyTo(src, mask.view(np.uint8), dst)
     if not np.may_share_memory(out, dst):  # OpenCV would only reallocate on a mismatch
         np.copyto(dst, out)

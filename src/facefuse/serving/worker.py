@@ -52,7 +52,7 @@ from facefuse.fusion.engine import FaceFuser
 from facefuse.imaging.encode import content_type
 from facefuse.imaging.output import OutputPolicy
 from facefuse.serving.jobs import ACTOR, QUEUE, JobStore, broker, job_options
-from facefuse.video.engine import VideoFuser
+from facefuse.video.engine import VideoFuser, frame_threads_only
 
 __all__ = ["JobRunner", "run_worker"]
 
@@ -279,6 +279,7 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
     import dramatiq
     from dramatiq import Worker
 
+    frame_threads_only()  # before any thread: its work is mostly clips
     q = broker(settings)
     flight = in_flight()
     q.add_middleware(flight)

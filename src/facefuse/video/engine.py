@@ -71,7 +71,7 @@ from facefuse.video.smoothing import ToneStabiliser
 from facefuse.video.tracker import Track, Tracker, carried_eyes, detection_from_mesh
 
 __all__ = ["ClipFusion", "FramePlan", "FrameStats", "Progress", "VideoFuser", "VideoOptions",
-           "VideoReport"]
+           "VideoReport", "frame_threads_only"]
 
 T = TypeVar("T")
 
@@ -85,32 +85,18 @@ SAME_FACE_IOU = 0.3
 REFERENCE_DISTANCE = 0.45
 
 
-class _OpenCVThreads:
-    """OpenCV's own thread pool off while any clip renders (a context manager).
+def frame_threads_only() -> None:
+    """Turn OpenCV's own thread pool off, for a process whose work is clips: call it
+    once at the start, before other threads run (OpenCV's thread count must not
+    change while another thread is in OpenCV). The ``facefuse video`` command and
+    the job worker do.
 
     A clip renders :attr:`VideoOptions.threads` frames at once beside the tracking
     and the encoder: OpenCV's pool on top of them only oversubscribes the cores
     (720p bench clip, whole engine, eight paired runs: 126 → 116 CPU ms a frame,
-    14.0 → 14.7 fps). Reference-counted, since clips may run side by side: the
-    pool's size comes back when the last one ends. (Process-wide: a photo fused
-    meanwhile in the same process runs on one OpenCV thread too.)"""
-
-    _lock = threading.Lock()
-    _active = 0
-    _saved = 0
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if _OpenCVThreads._active == 0:
-                _OpenCVThreads._saved = cv2.getNumThreads()
-                cv2.setNumThreads(1)
-            _OpenCVThreads._active += 1
-
-    def __exit__(self, *_: object) -> None:
-        with self._lock:
-            _OpenCVThreads._active -= 1
-            if _OpenCVThreads._active == 0:
-                cv2.setNumThreads(_OpenCVThreads._saved)
+    14.0 → 14.7 fps after start-up). A photo fused in such a process runs on one
+    OpenCV thread too."""
+    cv2.setNumThreads(1)
 
 
 @dataclass(frozen=True)
@@ -579,7 +565,7 @@ class VideoFuser:
                 progress(report.frames, max(total, report.frames),
                          report.frames / max(time.perf_counter() - t0, 1e-6))
 
-        with (_OpenCVThreads(), VideoWriter(out, info, enc, clip) as writer,
+        with (VideoWriter(out, info, enc, clip) as writer,
               ThreadPoolExecutor(options.threads, thread_name_prefix="render") as pool):
             reader = _Pipe(iter(VideoReader(clip, info, self.limits)), options.window, "decode")
             sink = _Sink(writer, options.window)

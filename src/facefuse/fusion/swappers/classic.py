@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -249,14 +249,16 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
 class _Source:
     """The source's side of a render, all in its working crop's frame: ``crop`` its
     full-resolution neighbourhood; ``image`` (h, w, 3) uint8 the working copy;
-    ``landmarks`` (N, 3); ``occluders`` (h, w) float32 or None; ``outline`` (h, w)
-    the face outline mask."""
+    ``landmarks`` (N, 3); ``occluders`` (h, w) float32 or None, found as its memo
+    key ``occluders_key`` says (None: not looked for); ``outline`` (h, w) the face
+    outline mask."""
 
     crop: detail.Scaled
     image: np.ndarray
     landmarks: np.ndarray
     occluders: np.ndarray | None
     outline: np.ndarray
+    occluders_key: Hashable = None
 
 
 def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: bool,
@@ -264,16 +266,17 @@ def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: 
     """What the render needs of the source alone (memoised in ``prep``, whose key
     holds ``scale`` and ``relit``), at ``scale``; its highlights out when ``relit``."""
     crop, small, local = prep.get("crop", lambda: _source_crop(image, landmarks, scale, relit))
-    occluders = None
+    occluders, key = None, None
     if options.reject_source_occluders and options.texture_weight > 0.0:
+        key = ("occluders", options.glasses, options.finds_facial_hair(source=True))
         occluders = prep.get(
-            ("occluders", options.glasses, options.finds_facial_hair(source=True)),
+            key,
             lambda: _occluders(
                 small, local, options,
                 scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(local)),
                 rim_grow=occ.SOURCE_RIM_GROW, source=True))
     outline = prep.get("outline", lambda: occ.outline_mask(local, small.shape))
-    return _Source(crop, small, local, occluders, outline)
+    return _Source(crop, small, local, occluders, outline, key)
 
 
 @dataclass(frozen=True)
@@ -552,7 +555,11 @@ class ClassicSwapper:
         gains = None
         # The source's work on the fused mesh's triangles, memoised under them when
         # a clip's frames share their triangulation (fusion.carry).
-        on_tris, tri_memo = (tris.tobytes(), prep) if geometry.shared else (b"", UNCACHED)
+        # (The source's occluders they read are named by their own memo key.)
+        on_tris: Hashable = None
+        tri_memo = UNCACHED
+        if geometry.shared:
+            on_tris, tri_memo = (tris.tobytes(), source.occluders_key), prep
         if relight:
             src_light = tri_memo.get(("light", on_tris), lambda: light.source_lighting(
                 src_img, src_lm[:MESH_POINTS], tris, src_occ))
