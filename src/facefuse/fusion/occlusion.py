@@ -52,6 +52,7 @@ same frame; masks (H, W) float32 in [0, 1].
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -128,7 +129,22 @@ def _feature_points(landmarks: np.ndarray) -> np.ndarray:
 
 def skin_vertices(landmarks: np.ndarray) -> np.ndarray:
     """Indices (K,) of mesh vertices that are reliably skin when nothing covers
-    them: clear of the eyes, brows, lips, nostrils and the face outline."""
+    them: clear of the eyes, brows, lips, nostrils and the face outline. Memoised
+    by the mesh's bytes (a render's stages ask for one mesh's several times), so
+    the array is read-only."""
+    mesh = np.ascontiguousarray(np.asarray(landmarks)[:468, :2])
+    return _skin_vertices(mesh.tobytes(), mesh.dtype.str, len(mesh))
+
+
+@functools.lru_cache(maxsize=64)
+def _skin_vertices(raw: bytes, dtype: str, n: int) -> np.ndarray:
+    landmarks = np.frombuffer(raw, dtype).reshape(n, 2)
+    out = _find_skin_vertices(landmarks)
+    out.flags.writeable = False
+    return out
+
+
+def _find_skin_vertices(landmarks: np.ndarray) -> np.ndarray:
     lm = np.asarray(landmarks, np.float64)[:468, :2]
     clear = FEATURE_CLEARANCE * eye_distance(landmarks)
     avoid = np.concatenate([_feature_points(landmarks), lm[list(topo.FACE_OVAL)]])
