@@ -199,8 +199,10 @@ def test_the_frames_of_a_carry_share_the_triangulation(samples: dict[str, Sample
     carried = ClassicSwapper().carry(s.image, s.faces[0], options,
                                      samples["obama"].faces[0])
     assert carried.triangles is not None and not carried.triangles.flags.writeable
-    lm = fused_shape(samples["obama"].faces[0].landmarks.astype(np.float64),
-                     s.faces[0].landmarks.astype(np.float64), options.shape_weight)
+    src_lm, tgt_lm = samples["obama"].faces[0].landmarks, s.faces[0].landmarks
+    assert src_lm is not None and tgt_lm is not None
+    lm = fused_shape(src_lm.astype(np.float64), tgt_lm.astype(np.float64),
+                     options.shape_weight)
     calls: list[int] = []
 
     def triangulate(pts: np.ndarray) -> np.ndarray:

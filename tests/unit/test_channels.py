@@ -36,15 +36,15 @@ def test_each_channel_of_a_view_and_of_bools(rng: np.random.Generator) -> None:
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
 def test_copy_where_writes_in_place(rng: np.random.Generator, dtype: type) -> None:
-    src = (rng.random((40, 30, 3)) * 200).astype(dtype)
+    src: np.ndarray = (rng.random((40, 30, 3)) * 200).astype(dtype)
     where = rng.random((40, 30)) > 0.4
-    expected = np.zeros((40, 30, 3), dtype)
+    expected: np.ndarray = np.zeros((40, 30, 3), dtype)
     np.copyto(expected, src, where=where[..., None])
-    dst = np.zeros((40, 30, 3), dtype)
+    dst: np.ndarray = np.zeros((40, 30, 3), dtype)
     copy_where(dst, src, where)
     np.testing.assert_array_equal(dst, expected)
     # Into a view of a larger image: only the view's pixels change.
-    canvas = np.full((50, 40, 3), 7, dtype)
+    canvas: np.ndarray = np.full((50, 40, 3), 7, dtype)
     copy_where(canvas[4:44, 6:36], src, where)
     np.testing.assert_array_equal(canvas[4:44, 6:36], np.where(where[..., None], src, 7))
     assert (canvas[:4] == 7).all() and (canvas[:, :6] == 7).all()
