@@ -35,18 +35,10 @@ PER_JOB = 2
 
 def worker() -> None:
     """Answer one JSON line per request ``{"s", "t", "mp"}``: wall and CPU ms per fuse."""
-    from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.types import FuseOptions
-    from facefuse.imaging.decode import decode_image
-    from facefuse.toolchain.samples import fetch_samples
-    from realism import resize_mp
+    from realism import memo_free_fuser, resize_mp
 
-    fuser = FaceFuser()
-    for swapper in getattr(fuser, "swappers", {}).values():
-        if hasattr(swapper, "sources"):
-            swapper.sources = None
-    paths = fetch_samples(fuser.settings.samples_dir, fuser.settings.downloads_dir)
-    photos = {n: decode_image(p) for n, p in paths.items()}
+    fuser, photos = memo_free_fuser()
     jobs: dict[tuple[str, str, float], Any] = {}
     options = FuseOptions(degree=100, evaluate=False)
     print("ready", flush=True)

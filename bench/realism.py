@@ -95,24 +95,30 @@ def _unpng(data: str) -> np.ndarray:
 
 # ---- the worker side: one process per code version ---------------------------------
 
-def render_worker() -> None:
-    """Answer one JSON line per request ``{"source", "target", "variant", "degree",
-    "mp", "repeat"}``: the fused image and blend mask over the fused region (PNG,
-    base64), the region and the fusion stage's median ms."""
+def memo_free_fuser() -> tuple[Any, dict[str, np.ndarray]]:
+    """A ``FaceFuser`` of the facefuse on the path, with the renderer's per-source
+    memo off (where that tree has one: every request of a service brings its own
+    source, so timed repeats must not reuse it), and the decoded sample photos."""
     from facefuse.fusion.engine import FaceFuser
-    from facefuse.fusion.types import FuseOptions
     from facefuse.imaging.decode import decode_image
     from facefuse.toolchain.samples import fetch_samples
-    from report import median_ms
 
     fuser = FaceFuser()
-    # Every request of a service brings its own source: the timed repeats must not
-    # reuse the renderer's per-source memo (where the checkout has one).
     for swapper in getattr(fuser, "swappers", {}).values():
         if hasattr(swapper, "sources"):
             swapper.sources = None
     paths = fetch_samples(fuser.settings.samples_dir, fuser.settings.downloads_dir)
-    photos = {n: decode_image(p) for n, p in paths.items()}
+    return fuser, {n: decode_image(p) for n, p in paths.items()}
+
+
+def render_worker() -> None:
+    """Answer one JSON line per request ``{"source", "target", "variant", "degree",
+    "mp", "repeat"}``: the fused image and blend mask over the fused region (PNG,
+    base64), the region and the fusion stage's median ms."""
+    from facefuse.fusion.types import FuseOptions
+    from report import median_ms
+
+    fuser, photos = memo_free_fuser()
     faces: dict[tuple[str, str, float], Any] = {}
     for line in sys.stdin:
         q = json.loads(line)
