@@ -191,7 +191,7 @@ def test_the_frames_of_a_carry_share_the_triangulation(samples: dict[str, Sample
     """The fused mesh's triangulation on the frame the carry was made on serves the
     fused meshes of the next frames while none of its triangles flips; a mesh
     that folded over is triangulated on its own."""
-    from facefuse.imaging.warp import delaunay
+    from facefuse.imaging.warp import delaunay, doubled_areas
 
     s = samples["biden"]
     assert ClassicSwapper().carry(s.image, s.faces[0], FuseOptions()).triangles is None
@@ -219,6 +219,4 @@ def test_the_frames_of_a_carry_share_the_triangulation(samples: dict[str, Sample
     mirrored = mesh * (-1.0, 1.0) + (2 * mesh[:, 0].max(), 0.0)
     own = carried.triangles_for(mirrored, triangulate)
     assert len(calls) == 1 and own is not carried.triangles
-    a, b, c = (mirrored[own[:, k]] for k in range(3))
-    u, v = b - a, c - a
-    assert (u[:, 0] * v[:, 1] - u[:, 1] * v[:, 0] > 0).all()
+    assert (doubled_areas(mirrored, own) > 0).all()

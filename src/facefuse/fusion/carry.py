@@ -18,9 +18,9 @@ mesh (:meth:`Carried.triangles_for`): the one of the frame it was found on,
 used on each frame's fused mesh while every triangle keeps its orientation
 there (a mesh that folded over is triangulated on its own). It depends on the
 frame it was found on alone, so frames rendered at once get the same clip as
-frames rendered in turn. The source-side work that depends on the triangles (its lighting on the
-mesh, its side-to-side tone) is then found in the source's memo instead of
-being done again.
+frames rendered in turn. The source-side work that depends on the triangles
+(its lighting on the mesh, its side-to-side tone) is then found in the source's
+memo instead of being done again.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import numpy as np
 from facefuse.faces.align import similarity_transform
 from facefuse.faces.landmarker import MESH_POINTS
 from facefuse.fusion.geometry import eye_distance
+from facefuse.imaging.warp import MIN_AREA2, doubled_areas
 
 __all__ = ["MAX_RESIDUAL", "MAX_SCALE_CHANGE", "Carried"]
 
@@ -125,18 +126,11 @@ class Carried:
         return out
 
 
-#: Smallest doubled area (px²) of a carried triangle still taken as oriented.
-MIN_AREA2 = 1e-6
-
-
 def _oriented(points: np.ndarray, tris: np.ndarray) -> bool:
     """Whether every triangle ``tris`` (T, 3) keeps, on ``points`` (N, 2), the
-    orientation :func:`facefuse.imaging.warp.delaunay` gives: ``(v1 − v0) × (v2 − v0)
-    > 0``."""
-    p = np.asarray(points, np.float64)
-    a, b, c = p[tris[:, 0]], p[tris[:, 1]], p[tris[:, 2]]
-    area2 = (b[:, 0] - a[:, 0]) * (c[:, 1] - a[:, 1]) - (c[:, 0] - a[:, 0]) * (b[:, 1] - a[:, 1])
-    return bool((area2 > MIN_AREA2).all())
+    orientation :func:`facefuse.imaging.warp.delaunay` gives, and more than the
+    warp's smallest area."""
+    return bool((doubled_areas(points, tris) > MIN_AREA2).all())
 
 
 def _pixel_scale(sx: float, sy: float, tx: float, ty: float) -> np.ndarray:

@@ -5,9 +5,9 @@ three elements long: ``image * weight[..., None]`` runs about 6× slower than th
 same product of two (H, W, 3) arrays, and ``np.copyto(..., where=mask[..., None])``
 about 7× slower than a same-shape mask (measured on a 700×600 face crop, the
 render's full-resolution size at 1.5 MP: 2.3 ms against 0.4 ms with the weight
-spread first; 9.6 ms against OpenCV's 1.4 ms for the masked copy). These helpers spread
-the weight into every channel once (``cv2.merge``, ~0.15 ms there) and do the
-arithmetic on equal shapes. The results are bit-identical to the broadcasting
+spread first; 9.6 ms against OpenCV's 1.4 ms for the masked copy). These helpers
+spread the weight into every channel once (``cv2.merge``, ~0.15 ms there) and do
+the arithmetic on equal shapes. The results are bit-identical to the broadcasting
 forms: the same float32 operations, element by element.
 """
 

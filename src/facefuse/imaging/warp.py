@@ -39,8 +39,10 @@ Region = tuple[int, int, int, int]
 
 #: Fixed-point bits for sub-pixel triangle rasterisation (1/256 px).
 _SHIFT: Final = 8
-#: Triangles with less than this doubled area (px²) in the destination are skipped.
-_MIN_AREA2: Final = 1e-6
+#: Triangles with less than this doubled area (px²) in the destination are skipped
+#: (and a triangle kept from another frame must still have more, see
+#: :func:`doubled_areas`).
+MIN_AREA2: Final = 1e-6
 #: ``map_x``/``map_y`` value where ``valid_mask`` is False (and ``extrapolate`` is off).
 INVALID: Final = -1.0
 #: Largest rect margin for Subdiv2D (its super-triangle lives at 3× the rect size,
@@ -116,15 +118,28 @@ def _as_triangles(triangles: npt.ArrayLike, n_points: int) -> npt.NDArray[np.int
     return tri
 
 
+def _doubled(corners: F64) -> F64:
+    """(T,) doubled signed areas ``(v1 - v0) × (v2 - v0)`` of triangles given by
+    their corners (T, 3, 2)."""
+    c = corners
+    out: F64 = (c[:, 1, 0] - c[:, 0, 0]) * (c[:, 2, 1] - c[:, 0, 1]) - (
+        c[:, 2, 0] - c[:, 0, 0]) * (c[:, 1, 1] - c[:, 0, 1])
+    return out
+
+
+def doubled_areas(points: npt.ArrayLike, triangles: npt.ArrayLike) -> F64:
+    """(T,) float64 doubled signed areas ``(v1 - v0) × (v2 - v0)`` of ``triangles``
+    (T, 3) vertex indices on ``points`` (P, 2) pixels: positive in the orientation
+    :func:`delaunay` gives its triangles."""
+    return _doubled(np.asarray(points, np.float64)[:, :2][np.asarray(triangles, np.intp)])
+
+
 def _destination_inverses(dst: F64, tri: npt.NDArray[np.intp]) -> tuple[F64, npt.NDArray[np.bool_]]:
     """Per non-degenerate destination triangle the inverse (K, 3, 3) of its
     ``[x y 1]`` corner matrix, and the (T,) bool mask of those triangles: one
     inversion serves every source point set warped onto the same mesh."""
     d = dst[tri]  # (T, 3, 2)
-    area2 = (d[:, 1, 0] - d[:, 0, 0]) * (d[:, 2, 1] - d[:, 0, 1]) - (d[:, 2, 0] - d[:, 0, 0]) * (
-        d[:, 1, 1] - d[:, 0, 1]
-    )
-    ok = np.abs(area2) > _MIN_AREA2
+    ok = np.abs(_doubled(d)) > MIN_AREA2
     a = np.concatenate([d[ok], np.ones((int(ok.sum()), 3, 1))], axis=2)  # (K, 3, 3)
     inv: F64 = np.linalg.inv(a) if len(a) else np.zeros((0, 3, 3))
     return inv, ok
@@ -366,12 +381,9 @@ def delaunay(points: npt.ArrayLike, rect: Region | None = None) -> I32:
     if not keep.any():
         return np.zeros((0, 3), dtype=np.int32)
     result = ids[keep].astype(np.int32)
-    v = pts[result]
-    cross = (v[:, 1, 0] - v[:, 0, 0]) * (v[:, 2, 1] - v[:, 0, 1]) - (v[:, 2, 0] - v[:, 0, 0]) * (
-        v[:, 1, 1] - v[:, 0, 1]
-    )
-    result = result[np.abs(cross) > _MIN_AREA2]
-    flip = cross[np.abs(cross) > _MIN_AREA2] < 0
+    cross = _doubled(pts[result])
+    result = result[np.abs(cross) > MIN_AREA2]
+    flip = cross[np.abs(cross) > MIN_AREA2] < 0
     result[flip] = result[flip][:, [0, 2, 1]]
     # Hull slivers the finite super-triangle dropped go back (facefuse.imaging.hull).
     out: I32 = complete_to_hull(pts, result.astype(np.int32), np.sort(first))
