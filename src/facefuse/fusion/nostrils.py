@@ -59,13 +59,16 @@ def openings(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     ring &= 1 - discs
     if int(ring.sum()) < 8 or not discs.any():
         return out
-    luma = np.asarray(image, np.float32) @ LUMA
-    skin = float(median(luma[ring > 0]))
+    # Only the rings' box is read (the discs lie inside it).
+    x, y, bw, bh = cv2.boundingRect(ring | discs)
+    box = (slice(y, y + bh), slice(x, x + bw))
+    luma = np.asarray(image[box], np.float32) @ LUMA
+    skin = float(median(luma[ring[box] > 0]))
     if skin <= 0.0:
         return out
     lo, hi = DARK
-    out = np.clip((hi - luma / skin) / (hi - lo), 0.0, 1.0) * discs
-    return np.asarray(out, np.float32)
+    out[box] = np.clip((hi - luma / skin) / (hi - lo), 0.0, 1.0) * discs[box]
+    return out
 
 
 def soften(holes: np.ndarray, feather: float) -> np.ndarray:
