@@ -17,6 +17,7 @@
 # Prints the image references (name:version-revision), the worker's first and the
 # API's on the last line of stdout.
 # Env:   FACEFUSE_HOME, BASE, IMAGE_NAME (default localhost/facefuse), QUANTIZE (1),
+#        SLIM_OPENCV (1: OpenCV built with the used modules only; 0: the PyPI wheel),
 #        EXTRA_WHEELS (requirements fetched into extra/, for bench/Dockerfile.naive)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +61,14 @@ $PY -m pip wheel -q --no-deps -w "$CTX/project" . >&2
 $PY -m pip wheel -q -w "$CTX/deps" "$(ls "$CTX"/project/facefuse-*.whl)[serve,build]" \
     'async-timeout>=4.0.3' >&2
 rm -f "$CTX"/deps/facefuse-*.whl
+# OpenCV with only the modules facefuse calls, in place of the PyPI wheel (~140 MB
+# less: deploy/build-slim-opencv.py; compiled once, then cached under FACEFUSE_HOME).
+# SLIM_OPENCV=0 keeps the PyPI wheel.
+if [ "${SLIM_OPENCV:-1}" = 1 ]; then
+    slim="$($PY deploy/build-slim-opencv.py --home "$HOME_DIR")"
+    rm -f "$CTX"/deps/opencv_python_headless-*.whl
+    cp "$slim" "$CTX/deps/"
+fi
 # Extension modules without their symbol tables (~19 MB; the base has no binutils).
 $PY deploy/strip-wheels.py "$CTX"/deps/*.whl >&2
 $PY -m pip download -q --no-deps --only-binary=:all: -d "$CTX/pip" pip >&2

@@ -6,6 +6,7 @@
 #                  checks the shipped alert rules and dashboard queries)
 #   podman, buildah, debootstrap  (scripts/build-image.sh: the local base rootfs and the image)
 #   binutils      (strip: scripts/build-image.sh strips the image's wheels' modules)
+#   cmake, make, g++  (deploy/build-slim-opencv.py compiles the images' OpenCV)
 #   kubernetes-client  (kubectl kustomize renders deploy/k8s; skipped when a kubectl exists)
 #   libimage-exiftool-perl  (exiftool: an independent reader of the provenance XMP in tests)
 #   chromium, chromium-driver  (the headless browser the web playground is tested in)
@@ -21,12 +22,12 @@ set -euo pipefail
 declare -A BINARY_OF=([redis-server]=redis-server [nginx]=nginx [prometheus]=promtool
     [podman]=podman [buildah]=buildah [debootstrap]=debootstrap [kubernetes-client]=kubectl
     [libimage-exiftool-perl]=exiftool [chromium]=chromium [chromium-driver]=chromedriver
-    [jq]=jq [curl]=curl [binutils]=strip)
+    [jq]=jq [curl]=curl [binutils]=strip [cmake]=cmake [make]=make [g++]=g++)
 PATH="$PATH:/usr/sbin:/sbin"
 
 missing=()
 for pkg in redis-server nginx prometheus podman buildah debootstrap kubernetes-client \
-        libimage-exiftool-perl chromium chromium-driver jq curl binutils; do
+        libimage-exiftool-perl chromium chromium-driver jq curl binutils cmake make g++; do
     if command -v "${BINARY_OF[$pkg]}" >/dev/null 2>&1; then
         echo "install-system-deps: ${pkg} present ($(command -v "${BINARY_OF[$pkg]}"))"
     else

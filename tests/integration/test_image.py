@@ -117,12 +117,24 @@ def test_api_image_has_no_ffmpeg(rootfs: Path, config: ImageConfig, tmp_path: Pa
     the CLI's video command says so, typed."""
     site = site_packages(rootfs)
     assert not (site / "av").exists() and not (site / "av.libs").exists()
-    # (OpenCV's wheel links its own FFmpeg into cv2 and keeps it: not PyAV's.)
+    # (The PyPI OpenCV wheel, with SLIM_OPENCV=0, links its own FFmpeg into cv2.)
     assert not [p for p in site.glob("*.libs/libavcodec*") if "opencv" not in p.parent.name]
     cli = dataclasses.replace(config, entrypoint=["facefuse"])
     proc = ChrootProcess(rootfs, cli, ["video", "--list-encoders"], tmp_path / "video.log")
     assert proc.proc.wait(120) == 5, proc.log_tail()
     assert "video_unavailable" in proc.log_tail()
+
+
+@pytest.mark.skipif(os.environ.get("SLIM_OPENCV", "1") != "1",
+                    reason="built with SLIM_OPENCV=0: the PyPI OpenCV wheel")
+def test_image_carries_the_slim_opencv(rootfs: Path) -> None:
+    """The OpenCV of deploy/build-slim-opencv.py: one cv2 module, nothing grafted
+    beside it (the PyPI wheel's FFmpeg, OpenBLAS and codecs), its own version."""
+    site = site_packages(rootfs)
+    assert not (site / "opencv_python_headless.libs").exists()
+    assert [p.name for p in site.glob("cv2*.so")], sorted(p.name for p in site.glob("cv2*"))
+    assert [p.name for p in site.glob("opencv_python_headless-*+slim.dist-info")]
+    assert sum(p.stat().st_size for p in site.glob("cv2*.so")) < 30 * 2**20
 
 
 @needs_worker
