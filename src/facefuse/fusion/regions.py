@@ -89,6 +89,9 @@ HAIR_BOX_MARGIN = 0.1
 #: Facial-hair regions smaller than this share of the face's area are dropped
 #: (specks of shading; the moustaches found cover 4% and more).
 MIN_HAIR_AREA = 0.015
+#: Holes a facial-hair region encloses of at most this many eye distances squared are
+#: the region's.
+HAIR_HOLE = 0.1
 #: The philtrum (the upper lip's middle) and the chin's middle: |side| below
 #: CORE_SIDE, the chin's from CHIN_CORE down (see :func:`_cores`). A facial-hair
 #: region must cover at least CORE_COVER of one of their parts ...
@@ -339,6 +342,8 @@ def _facial_hair(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = No
     keep[0] = False
     found = keep[labels]
     if found.any():
+        found = _into_nostrils(found, frame.feats[5] > 0, _hair_pixels(grey, dark, texture))
+        found = _holes_filled(found, zone, HAIR_HOLE * d * d)
         found |= occ.grow(found.astype(np.uint8), (LIP_MARGIN + 0.04) * d) & full & ~zone
     out[found] = 1.0
     if out.sum() < MIN_HAIR_AREA * _face_area(lm):
@@ -350,6 +355,43 @@ def _face_area(lm: np.ndarray) -> float:
     """The face outline's area in pixels (at least 1)."""
     oval = np.asarray(lm, np.float32)[list(topo.FACE_OVAL), :2]
     return max(1.0, float(cv2.contourArea(oval)))
+
+
+def _holes_filled(found: np.ndarray, zone: np.ndarray, max_area: float) -> np.ndarray:
+    """``found`` (H, W bool) with its holes: the pieces of ``zone`` of at most
+    ``max_area`` pixels that it encloses, or that it and the zone's own holes (the
+    lips, the nostrils) enclose; never one that reaches the zone's outer edge, and
+    never the lips or nostrils themselves (they are not in the zone). Sparse stubble
+    and the shade of a fold read as skin in places; left out, the fused face showed
+    through the hair in patches."""
+    gaps = (zone & ~found).astype(np.uint8)
+    _, labels, stats, _ = cv2.connectedComponentsWithStats(gaps, connectivity=4)
+    fill = stats[:, cv2.CC_STAT_AREA] <= max_area
+    # Outside the zone: the pieces of its complement that reach the box's edge.
+    m, pieces = cv2.connectedComponents((~zone).astype(np.uint8), connectivity=4)
+    edge = np.zeros(m, bool)
+    edge[np.unique(np.concatenate([pieces[0], pieces[-1], pieces[:, 0], pieces[:, -1]]))] = True
+    edge[0] = False
+    beyond = cv2.dilate(edge[pieces].astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+    fill[np.unique(labels[beyond & (gaps > 0)])] = False
+    fill[0] = False
+    out: np.ndarray = found | fill[labels]
+    return out
+
+
+def _into_nostrils(found: np.ndarray, nostrils: np.ndarray, hair: np.ndarray) -> np.ndarray:
+    """``found`` (H, W bool facial hair) with the ``hair`` pixels of the ``nostrils``'
+    discs that join it: a moustache grows up to the nostrils, whose discs the beard
+    zone leaves out only so that dark nostril openings are never found as hair on a
+    clean-shaven face. Left out, a moustache lost its top edge under the nose (the
+    source's skin showed there, a disc in the hair)."""
+    joined = (found | (nostrils & hair)).astype(np.uint8)
+    n, labels = cv2.connectedComponents(joined, connectivity=8)
+    keep = np.zeros(n, bool)
+    keep[np.unique(labels[found])] = True
+    keep[0] = False
+    out: np.ndarray = keep[labels]
+    return out
 
 
 def _cores(lm: np.ndarray, frame: _Frame, zone: np.ndarray) -> list[tuple[np.ndarray, ...]]:
