@@ -9,8 +9,9 @@ statically linked into one ``cv2`` extension module without FFmpeg, BLAS, image
 codecs or downloads, and packs it as ``opencv-python-headless <version>+slim``, which
 satisfies facefuse's requirement, so the image installs it in place of the PyPI wheel.
 
-The source is the PyPI sdist of the version this interpreter has installed (pinned by
-sha256 below: the image then runs the OpenCV the tests ran), cached with the wheel
+The source is the PyPI sdist of the release pyproject.toml pins (pinned here by sha256;
+the interpreter's own OpenCV must be that release, so the image runs the OpenCV the
+tests ran), cached with the wheel
 in ``FACEFUSE_HOME/slim-opencv``: a second run prints the cached wheel and exits.
 
 Differences from the PyPI build: no Intel IPP (its binaries are fetched from GitHub at
