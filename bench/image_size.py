@@ -36,7 +36,9 @@ from server_harness import free_port
 
 
 def build(dockerfile: str, name: str, extra: str = "") -> tuple[str, float]:
-    env = {**os.environ, "IMAGE_NAME": name, "EXTRA_WHEELS": extra}
+    # (The naive image installs what a plain pip install gives: the PyPI OpenCV.)
+    env = {**os.environ, "IMAGE_NAME": name, "EXTRA_WHEELS": extra,
+           **({"SLIM_OPENCV": "0"} if extra else {})}
     t0 = time.monotonic()
     out = subprocess.run(["bash", "scripts/build-image.sh", "--dockerfile", dockerfile],
                          cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True)

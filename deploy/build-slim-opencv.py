@@ -11,8 +11,11 @@ satisfies facefuse's requirement, so the image installs it in place of the PyPI 
 
 The source is the PyPI sdist of the release pyproject.toml pins (pinned here by sha256;
 the interpreter's own OpenCV must be that release, so the image runs the OpenCV the
-tests ran), cached with the wheel
-in ``FACEFUSE_HOME/slim-opencv``: a second run prints the cached wheel and exits.
+tests ran), downloaded straight from PyPI's file host (not through pip's index
+settings), cached with the wheel in ``FACEFUSE_HOME/slim-opencv``: a second run with
+the same FACEFUSE_HOME prints the cached wheel and exits. The compiled module is not
+byte-reproducible (it holds its build folder's path and time), so a new FACEFUSE_HOME
+(as each CI run has) compiles again and rebuilds the image layers after it.
 
 Differences from the PyPI build: no Intel IPP (its binaries are fetched from GitHub at
 configure time); and on x86-64 the code is compiled once, for AVX2 (x86-64-v3: every
@@ -44,6 +47,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -138,7 +142,9 @@ def build(sdist: Path, work: Path, jobs: int) -> Path:
     with tarfile.open(sdist) as tar:
         top = f"opencv_python_headless-{VERSION}/"
         members = [m for m in tar.getmembers() if m.name.startswith(top + "opencv/")]
-        tar.extractall(work, members=members, filter="data")
+        # (The "data" filter exists from Python 3.11.4; Debian bookworm has 3.11.2.)
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(work, members=members, **safe)  # (the archive is pinned by sha256)
     src = work / top / "opencv"
     paths = sysconfig.get_paths()
     library = Path(sysconfig.get_config_var("LIBDIR") or "") / str(
@@ -206,6 +212,8 @@ def main() -> None:
         "FACEFUSE_HOME", Path.home() / ".cache" / "facefuse")))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()
+    # Stopped (CI's trap sends SIGTERM): exit through the clean-up of the build folder.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     have = importlib.metadata.version(DIST)
     if have.split("+")[0] != VERSION:
         raise SystemExit(f"build-slim-opencv: this interpreter has {DIST} {have}, the pin is "

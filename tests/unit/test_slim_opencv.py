@@ -57,6 +57,7 @@ def test_the_packed_wheel_installs_and_satisfies_facefuses_requirement(
             data = z.read(name)
             assert digest == _hash(data) and int(size) == len(data), name
         assert {r[0] for r in rows} == set(names)
+        assert {i.date_time for i in z.infolist()} == {(1980, 1, 1, 0, 0, 0)}
         metadata = z.read(f"{info}/METADATA").decode()
     version = next(line.split(": ", 1)[1] for line in metadata.splitlines()
                    if line.startswith("Version: "))

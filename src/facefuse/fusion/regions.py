@@ -342,12 +342,15 @@ def _facial_hair(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = No
     keep[0] = False
     found = keep[labels]
     if found.any():
-        found = _into_nostrils(found, frame.feats[5] > 0, _hair_pixels(grey, dark, texture))
-        found = _holes_filled(found, zone, HAIR_HOLE * d * d)
         found |= occ.grow(found.astype(np.uint8), (LIP_MARGIN + 0.04) * d) & full & ~zone
+    # (Judged on what was found, before the nostrils and holes it takes below.)
+    if found.sum() < MIN_HAIR_AREA * _face_area(lm):
+        return out
+    lips = occ.grow(frame.feats[4], LIP_MARGIN * d)
+    found = _into_nostrils(found, (frame.feats[5] > 0) & frame.face & ~lips,
+                           _hair_pixels(grey, dark, texture))
+    found = _holes_filled(found, zone, HAIR_HOLE * d * d)
     out[found] = 1.0
-    if out.sum() < MIN_HAIR_AREA * _face_area(lm):
-        out[:] = 0.0
     return out
 
 
@@ -370,12 +373,20 @@ def _holes_filled(found: np.ndarray, zone: np.ndarray, max_area: float) -> np.nd
     # Outside the zone: the pieces of its complement that reach the box's edge.
     m, pieces = cv2.connectedComponents((~zone).astype(np.uint8), connectivity=4)
     edge = np.zeros(m, bool)
-    edge[np.unique(np.concatenate([pieces[0], pieces[-1], pieces[:, 0], pieces[:, -1]]))] = True
+    edge[np.unique(_border(pieces))] = True
     edge[0] = False
     beyond = cv2.dilate(edge[pieces].astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
     fill[np.unique(labels[beyond & (gaps > 0)])] = False
+    # A gap on the box's own edge (a face the image's border cuts) is not enclosed.
+    fill[np.unique(_border(labels))] = False
     fill[0] = False
     out: np.ndarray = found | fill[labels]
+    return out
+
+
+def _border(a: np.ndarray) -> np.ndarray:
+    """The values on the edge of a 2-D array (its first and last rows and columns)."""
+    out: np.ndarray = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]])
     return out
 
 
