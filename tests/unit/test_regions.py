@@ -177,7 +177,9 @@ def test_target_glasses_are_kept_and_source_glasses_rejected(
         kept, _ = glasses_survival_trial(fuser, samples[s], samples[t], kind, samples[donor],
                                          on)
         leak, _ = glasses_leak_trial(fuser, samples[s], samples[t], kind, samples[donor], on)
-        assert kept >= 0.7, (s, t, kind, kept)  # the 60-px astronaut face is the worst
+        # (The 60-px astronaut's metal frame is the worst: 0.74 before the rims were
+        # followed under the brows.)
+        assert kept >= 0.95, (s, t, kind, kept)
         assert leak <= 0.1, (s, t, kind, leak)
         kept_off, _ = glasses_survival_trial(fuser, samples[s], samples[t], kind,
                                              samples[donor], off)
@@ -187,6 +189,17 @@ def test_target_glasses_are_kept_and_source_glasses_rejected(
 #: (A moustache kept 0.82-0.84 and stubble 0.92-0.96 before a found region took the
 #: nostrils' discs it touches and the holes it encloses.)
 KEPT = {"beard": 0.97, "moustache": 0.95, "stubble": 0.93}
+
+
+def test_a_rim_is_followed_along_its_own_line_only() -> None:
+    seed = np.zeros((30, 30), bool)
+    seed[20, 5:12] = True  # a rim's piece the ridge test found
+    lines = np.zeros_like(seed)
+    lines[20, 12:25] = True  # the same dark line, where the zone does not look
+    lines[5, 5:25] = True  # another line (a brow), not joined to the rim
+    out = regions._followed(seed, lines)
+    assert out[20, 12:25].all() and not out[5].any()
+    assert not out[seed].any()  # only what ``lines`` holds
 
 
 def test_a_found_region_takes_the_hair_of_the_nostrils_it_touches() -> None:

@@ -499,6 +499,9 @@ RIM_TWIN_RATIO = 1.6
 #: the fitted ellipse.
 RIM_ON_ELLIPSE = 0.6
 RIM_BAND = 0.04
+#: Half-width (eye distances) of the band about a fitted rim in which its dark line is
+#: followed under the brows and beside the eyes (where the zone does not look).
+RIM_FOLLOW = 0.13
 #: Lens reflections: brighter than the skin by this luma ratio and this much greyer.
 REFLECTION_BRIGHTER = 1.12
 REFLECTION_GREYER = 0.4
@@ -513,10 +516,12 @@ def _eye_frames(lm: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(a, axes), (b, axes)]
 
 
-def glasses_zone(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(zone (H, W) bool, per-eye rings (H, W) bool): where a frame can be — the
-    lens rings around the eyes, the nose bridge between them and the temples out
-    to the face outline — inside the outline, not on the eyes or brows."""
+def glasses_zone(lm: np.ndarray, shape: tuple[int, int]
+                 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """(zone (H, W) bool, per-eye rings (H, W) bool, eyes (H, W) bool): where a frame
+    can be — the lens rings around the eyes, the nose bridge between them and the
+    temples out to the face outline — inside the outline, not on the eyes (``eyes``:
+    the eyes and the clearance about them the zone leaves) or brows."""
     d = eye_distance(lm)
     h, w = shape
     face = occ.outline_mask(lm, shape) > 0.5
@@ -533,7 +538,7 @@ def glasses_zone(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, li
         rings.append((u * u + v * v <= 1.0) & face & ~eyes & ~brows)
         band |= (np.abs(v) < 0.6) & (np.abs(u) < 3.0)
     zone = (rings[0] | rings[1] | (band & face)) & ~eyes & ~brows
-    return zone, rings
+    return zone, rings, eyes
 
 
 def _span(mask: np.ndarray, centre: np.ndarray, axes: np.ndarray) -> float:
@@ -561,6 +566,17 @@ def _bridge(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, float]:
     half = 0.5 * float(np.linalg.norm(b - a))
     band = (np.abs(u) < half) & (v > -BRIDGE_RISE * d) & (v < BRIDGE_DROP * d)
     return band, 2.0 * half
+
+
+def _followed(seed: np.ndarray, lines: np.ndarray) -> np.ndarray:
+    """(H, W) bool: the pixels of ``lines`` joined to ``seed`` (8-connected through
+    ``lines``), the rims' pieces followed where the zone does not look."""
+    n, labels = cv2.connectedComponents((seed | lines).astype(np.uint8), connectivity=8)
+    keep = np.zeros(n, bool)
+    keep[np.unique(labels[seed])] = True
+    keep[0] = False
+    out: np.ndarray = keep[labels] & lines
+    return out
 
 
 def _fit_rim(rim: np.ndarray, centre: np.ndarray, d: float) -> tuple[
@@ -633,7 +649,7 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     # wear no glasses, and the zone around the eyes is the finder's dearest part.
     if not _crosses_bridge(lm, bridge & lines, bridge_w):
         return out
-    zone, rings = glasses_zone(lm, (h, w))
+    zone, rings, eyes = glasses_zone(lm, (h, w))
     ridge = lines & zone
     if not _crosses_bridge(lm, bridge & ridge, bridge_w):
         return out
@@ -666,11 +682,17 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
     # Where the rim runs under a brow or beside an eye the ridge test is blind:
     # the fitted ellipse, as thick as the rim measured, is the frame there too.
     canvas = np.zeros((h, w), np.uint8)
+    near = np.zeros((h, w), np.uint8)
     for fit, rim in rims:
         dist = cv2.distanceTransform(rim.astype(np.uint8), cv2.DIST_L2, 3)
         thick = max(1, round(2.0 * float(np.percentile(dist[rim], 90))))
         cv2.ellipse(canvas, fit, 255, thick, cv2.LINE_AA)
+        cv2.ellipse(near, fit, 255, max(1, round(2 * RIM_FOLLOW * d)))
     out[canvas > 127] = 1.0
+    # Where the zone does not look, the rim's own dark line is followed from its
+    # pieces (on a small face the top arc runs on the brow, and the ellipse through
+    # the lower arcs overshoots it there); never onto the eyes and their lids.
+    out[_followed(binary > 0, lines & ~zone & ~eyes & (near > 0))] = 1.0
     # The rim's anti-aliased edge is the frame's too.
     out = np.asarray(cv2.dilate(out, occ.disc(1.0)), np.float32)
     feats = hair_features(image, lm)
