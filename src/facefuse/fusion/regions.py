@@ -390,19 +390,24 @@ def _border(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def _joined(seed: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """(H, W) bool: ``seed`` and the pixels of ``more`` 8-connected to it through
+    ``more``."""
+    n, labels = cv2.connectedComponents((seed | more).astype(np.uint8), connectivity=8)
+    keep = np.zeros(n, bool)
+    keep[np.unique(labels[seed])] = True
+    keep[0] = False
+    out: np.ndarray = keep[labels]
+    return out
+
+
 def _into_nostrils(found: np.ndarray, nostrils: np.ndarray, hair: np.ndarray) -> np.ndarray:
     """``found`` (H, W bool facial hair) with the ``hair`` pixels of the ``nostrils``'
     discs that join it: a moustache grows up to the nostrils, whose discs the beard
     zone leaves out only so that dark nostril openings are never found as hair on a
     clean-shaven face. Left out, a moustache lost its top edge under the nose (the
     source's skin showed there, a disc in the hair)."""
-    joined = (found | (nostrils & hair)).astype(np.uint8)
-    n, labels = cv2.connectedComponents(joined, connectivity=8)
-    keep = np.zeros(n, bool)
-    keep[np.unique(labels[found])] = True
-    keep[0] = False
-    out: np.ndarray = keep[labels]
-    return out
+    return _joined(found, nostrils & hair)
 
 
 def _cores(lm: np.ndarray, frame: _Frame, zone: np.ndarray) -> list[tuple[np.ndarray, ...]]:
@@ -571,11 +576,7 @@ def _bridge(lm: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, float]:
 def _followed(seed: np.ndarray, lines: np.ndarray) -> np.ndarray:
     """(H, W) bool: the pixels of ``lines`` joined to ``seed`` (8-connected through
     ``lines``), the rims' pieces followed where the zone does not look."""
-    n, labels = cv2.connectedComponents((seed | lines).astype(np.uint8), connectivity=8)
-    keep = np.zeros(n, bool)
-    keep[np.unique(labels[seed])] = True
-    keep[0] = False
-    out: np.ndarray = keep[labels] & lines
+    out: np.ndarray = _joined(seed, lines) & lines
     return out
 
 
