@@ -329,9 +329,10 @@ def _facial_hair(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = No
     full = beard_zone(lm, (h, w), frame)
     # The lips' edge is shaded and lined: hair is judged a little away from it,
     # and a region found reaches it afterwards.
-    zone = full & ~occ.grow(frame.feats[4], LIP_MARGIN * d)
-    hair = zone & _hair_pixels(grey, dark, texture)
-    binary = hair.astype(np.uint8)
+    lips = occ.grow(frame.feats[4], LIP_MARGIN * d)
+    zone = full & ~lips
+    hairy = _hair_pixels(grey, dark, texture)
+    binary = (zone & hairy).astype(np.uint8)
     binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_CLOSE, occ.disc(0.04 * d)), np.uint8)
     binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_OPEN, occ.disc(0.02 * d)), np.uint8)
     binary &= zone.astype(np.uint8)
@@ -346,9 +347,7 @@ def _facial_hair(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = No
     # (Judged on what was found, before the nostrils and holes it takes below.)
     if found.sum() < MIN_HAIR_AREA * _face_area(lm):
         return out
-    lips = occ.grow(frame.feats[4], LIP_MARGIN * d)
-    found = _into_nostrils(found, (frame.feats[5] > 0) & frame.face & ~lips,
-                           _hair_pixels(grey, dark, texture))
+    found = _into_nostrils(found, (frame.feats[5] > 0) & frame.face & ~lips, hairy)
     found = _holes_filled(found, zone, HAIR_HOLE * d * d)
     out[found] = 1.0
     return out
