@@ -99,11 +99,8 @@ def run_engine(clip: Path, out: Path) -> dict[str, Any]:
     fuser = FaceFuser(settings)
     source = settings.samples_dir / f"{SOURCE}.jpg"
     t0, c0 = time.perf_counter(), cpu_seconds()
-    done: list[float] = []
-    cpus: list[float] = []
-    report = VideoFuser(fuser).fuse_video(source, clip, out,
-                                          progress=lambda *_: (done.append(time.perf_counter()),
-                                                               cpus.append(cpu_seconds())))
+    clock = FrameClock()
+    report = VideoFuser(fuser).fuse_video(source, clip, out, progress=clock.tick)
     seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     # Jitter: the same clip through the per-frame state machine (no encoding).
     state = ClipFusion(fuser, VideoOptions(), [source])
@@ -116,8 +113,7 @@ def run_engine(clip: Path, out: Path) -> dict[str, Any]:
                 smooth.append(stats.landmarks[0][:468, :2])
                 eyes.append(eye_distance(stats.raw_landmarks[0]))
     return {"fps": report.frames / seconds, "frames": report.frames,
-            "steady_fps": steady_fps(done), "cpu_ms_per_frame": cpu * 1000 / report.frames,
-            "steady_cpu_ms_per_frame": steady_cpu_ms(cpus),
+            **clock.steady(), "cpu_ms_per_frame": cpu * 1000 / report.frames,
             "fused_frames": report.fused_frames, "detections": report.detections,
             "jitter_raw_pct": jitter(raw, eyes), "jitter_smooth_pct": jitter(smooth, eyes)}
 
@@ -173,6 +169,24 @@ def steady_fps(done: list[float]) -> float | None:
     return (len(done) - 1 - STARTUP_FRAMES) / (done[-1] - done[STARTUP_FRAMES])
 
 
+class FrameClock:
+    """When each frame was finished (perf_counter s) and the process's CPU s then:
+    ``tick`` per frame (it takes a progress callback's arguments), ``steady`` the
+    rates after start-up."""
+
+    def __init__(self) -> None:
+        self.done: list[float] = []
+        self.cpus: list[float] = []
+
+    def tick(self, *_: object) -> None:
+        self.done.append(time.perf_counter())
+        self.cpus.append(cpu_seconds())
+
+    def steady(self) -> dict[str, float | None]:
+        return {"steady_fps": steady_fps(self.done),
+                "steady_cpu_ms_per_frame": steady_cpu_ms(self.cpus)}
+
+
 def run_long(clip: Path, out: Path) -> dict[str, Any]:
     """One engine run, nothing else: fps and CPU ms per frame (peak RSS by the caller)."""
     from facefuse.config import Settings
@@ -183,11 +197,11 @@ def run_long(clip: Path, out: Path) -> dict[str, Any]:
     settings = Settings.from_env()
     fuser = FaceFuser(settings)
     t0, c0 = time.perf_counter(), cpu_seconds()
-    done: list[float] = []
+    clock = FrameClock()
     report = VideoFuser(fuser).fuse_video(settings.samples_dir / f"{SOURCE}.jpg", clip, out,
-                                          progress=lambda *_: done.append(time.perf_counter()))
+                                          progress=clock.tick)
     return {"fps": report.frames / (time.perf_counter() - t0), "frames": report.frames,
-            "steady_fps": steady_fps(done),
+            "steady_fps": steady_fps(clock.done),
             "cpu_ms_per_frame": (cpu_seconds() - c0) * 1000 / report.frames,
             "fused_frames": report.fused_frames}
 
@@ -256,8 +270,7 @@ def run_naive(clip: Path, out: Path) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), cpu_seconds()
     info = probe(clip)
     n = 0
-    done: list[float] = []
-    cpus: list[float] = []
+    clock = FrameClock()
     with VideoWriter(out, info, encoder("vp9"), clip) as writer:
         for item in VideoReader(clip, info):
             if isinstance(item, AudioPacket):
@@ -268,10 +281,8 @@ def run_naive(clip: Path, out: Path) -> dict[str, Any]:
                 rgb = item.rgb
             writer.write(item, rgb)
             n += 1
-            done.append(time.perf_counter())
-            cpus.append(cpu_seconds())
-    return {"fps": n / (time.perf_counter() - t0), "frames": n,
-            "steady_fps": steady_fps(done), "steady_cpu_ms_per_frame": steady_cpu_ms(cpus),
+            clock.tick()
+    return {"fps": n / (time.perf_counter() - t0), "frames": n, **clock.steady(),
             "cpu_ms_per_frame": (cpu_seconds() - c0) * 1000 / n}
 
 
