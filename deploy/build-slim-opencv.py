@@ -57,6 +57,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from facefuse.runtime.files import sha256_file
+
 ROOT = Path(__file__).resolve().parent.parent
 DIST = "opencv-python-headless"
 VERSION = "5.0.0.93"
@@ -90,24 +92,16 @@ def log(message: str) -> None:
     print(f"build-slim-opencv: {message}", file=sys.stderr, flush=True)
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch_sdist(folder: Path) -> Path:
     """The pinned source distribution, downloaded once and verified every time."""
     path = folder / SDIST
-    if not (path.exists() and sha256_of(path) == SHA256):
+    if not (path.exists() and sha256_file(path) == SHA256):
         folder.mkdir(parents=True, exist_ok=True)
         log(f"downloading {URL}")
         part = path.with_suffix(".part")
         with urllib.request.urlopen(URL, timeout=600) as r, part.open("wb") as f:
             shutil.copyfileobj(r, f)
-        if sha256_of(part) != SHA256:
+        if sha256_file(part) != SHA256:
             part.unlink()
             raise SystemExit(f"build-slim-opencv: {SDIST} does not match its pinned sha256")
         part.replace(path)
@@ -143,8 +137,10 @@ def build(sdist: Path, work: Path, jobs: int) -> Path:
         top = f"opencv_python_headless-{VERSION}/"
         members = [m for m in tar.getmembers() if m.name.startswith(top + "opencv/")]
         # (The "data" filter exists from Python 3.11.4; Debian bookworm has 3.11.2.)
-        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(work, members=members, **safe)  # (the archive is pinned by sha256)
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(work, members=members, filter="data")
+        else:  # (the archive is pinned by sha256)
+            tar.extractall(work, members=members)
     src = work / top / "opencv"
     paths = sysconfig.get_paths()
     library = Path(sysconfig.get_config_var("LIBDIR") or "") / str(
