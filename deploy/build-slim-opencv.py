@@ -20,9 +20,10 @@ byte-reproducible (it holds its build folder's path and time), so a new FACEFUSE
 Differences from the PyPI build: no Intel IPP (its binaries are fetched from GitHub at
 configure time); and on x86-64 the code is compiled once, for AVX2 (x86-64-v3: every
 x86 server CPU since 2013-2015), where the PyPI wheel compiles SSE3 code plus copies
-for five newer levels chosen at run time. That keeps the compile to about 14 minutes
-on two cores; on a CPU without AVX2 ``import cv2`` fails with OpenCV's own message
-(build with ``SLIM_OPENCV=0`` for such hosts). BENCHMARKS.md has the speed and the
+for five newer levels chosen at run time. With precompiled headers that keeps the
+compile to about 9 minutes on two cores (910 s of CPU); on a CPU without AVX2
+``import cv2`` fails with OpenCV's own message (build with ``SLIM_OPENCV=0`` for such
+hosts). BENCHMARKS.md has the speed and the
 pixel differences against the PyPI wheel.
 
 Before packing, the built module is imported and every ``cv2.<name>`` that
@@ -69,9 +70,12 @@ SHA256 = "b82f9831daab90b725c7c1ee1b36cb5732c367096ac76d119e64e14eb70d5f3c"
 #: The modules to build (their dependencies, geometry and flann, come with them) and the
 #: Python bindings.
 MODULES = ("core", "imgproc", "photo", "python3", "python_bindings_generator")
-#: Everything else off: no third-party library, no download, no test or app.
+#: Everything else off: no third-party library, no download, no test or app. Precompiled
+#: headers (off by default for GCC) halve the compile: each of OpenCV's ~230 sources
+#: otherwise parses its module's whole header tree again (opencv_core alone, one job:
+#: 436 → 208 s of CPU).
 CMAKE_OPTIONS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DENABLE_PRECOMPILED_HEADERS=ON",
     "-DOPENCV_SKIP_PYTHON_LOADER=ON", "-DCV_TRACE=OFF", "-DOPENCV_GENERATE_PKGCONFIG=OFF",
     *(f"-DWITH_{name}=OFF" for name in (
         "IPP", "LAPACK", "EIGEN", "OPENCL", "FFMPEG", "GTK", "QT", "TBB", "OPENMP", "ITT",
@@ -157,7 +161,7 @@ def build(sdist: Path, work: Path, jobs: int) -> Path:
                  f"-DPYTHON3_NUMPY_INCLUDE_DIRS={numpy.get_include()}"]
     log("configuring (cmake)")
     subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
-    log(f"compiling with {jobs} jobs (about 14 minutes on two cores)")
+    log(f"compiling with {jobs} jobs (about 9 minutes on two cores)")
     subprocess.run(["cmake", "--build", str(out), "--target", "opencv_python3",
                     "--", f"-j{jobs}"], check=True, stdout=subprocess.DEVNULL)
     found = sorted((out / "lib").rglob("cv2*.so"))
