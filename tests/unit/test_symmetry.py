@@ -79,7 +79,7 @@ def test_a_turn_hides_one_side_and_its_mirror_shows_it(analysed_faces: dict[str,
     target = face.landmarks[:MESH_POINTS].astype(np.float64)
     tris = delaunay(target[:, :2])
     same = sym.plan_fill(target, target, tris)
-    assert not same.needed and same.direct.min() >= sym.FULLY_SHOWN
+    assert not same.needed and same.direct.min() >= 0.999
     turned = turn_yaw(face, 40).landmarks
     assert turned is not None
     plan = sym.plan_fill(turned.astype(np.float64), target, tris)
@@ -90,6 +90,27 @@ def test_a_turn_hides_one_side_and_its_mirror_shows_it(analysed_faces: dict[str,
     right = target[hidden, 0] > target[topo.NOSE_TIP, 0]
     assert right.mean() > 0.9 or right.mean() < 0.1
     assert np.median(plan.mirror[hidden]) > 0.9
+
+
+@pytest.mark.parametrize("deg", [-35.0, 35.0])
+def test_no_fill_where_both_halves_show_the_face_alike(analysed_faces: dict[str, Face],
+                                                       deg: float) -> None:
+    """A frontal source shows both halves alike, however the target is turned, and a
+    source turned as the target is shows what the target shows: the mirror has
+    nothing better to give. A source turned the other way does."""
+    face = analysed_faces["obama"]
+    assert face.landmarks is not None
+    frontal = face.landmarks[:MESH_POINTS].astype(np.float64)
+    turned = turn_yaw(face, deg).landmarks
+    assert turned is not None
+    turned = turned[:MESH_POINTS].astype(np.float64)
+    tris = delaunay(turned[:, :2])
+    assert not sym.plan_fill(frontal, turned, tris).needed
+    assert not sym.plan_fill(turned, turned, tris).needed
+    other = turn_yaw(face, -deg).landmarks
+    assert other is not None
+    plan = sym.plan_fill(other[:MESH_POINTS].astype(np.float64), turned, tris)
+    assert plan.needed and (plan.mirror - plan.direct).max() >= sym.MIRROR_GAIN
 
 
 def test_outside_share_counts_samples_beyond_the_outline() -> None:
