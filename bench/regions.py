@@ -7,8 +7,9 @@ reflections: ``facefuse.toolchain.synthetic``), fused at degree 100:
 * target's hair / frames kept (share of their pixels unchanged; goal ≥ 0.95);
 * source's hair leaked (goal ≤ 0.05): against a counterfactual, the clean source
   fused with the very source-occluder mask the hairy one was given (captured and
-  replayed in the classic swapper, per-source memo off), so everything but the
-  hair's own pixels is equal; the mean RGB difference of the two outputs where the
+  replayed in the classic swapper, per-source memo off), so the two differ only by
+  the hair's pixels (and what the source's tone, lighting and highlight fits read
+  of them, which is leak too); the mean RGB difference of the two outputs where the
   hair lands over the mean the hair made on the source (0: none of it came along;
   1: all of it); and the darkening (grey levels) it leaves on the clean-shaven
   target's beard zone; the source's frames leaked (``occluder_leak``; goal ≤ 0.05).
@@ -136,9 +137,11 @@ def hair_leak(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FacialHairKind, 
     the one used)."""
     hairy, fp = paste_facial_hair(src.image, src.landmarks, kind, donor.image, donor.landmarks, 0)
     lands = facial_hair_alpha(tgt.landmarks, tgt.image.shape[:2], kind) > 0.5
+    if not fp.any() or not lands.any():
+        return 0.0
     applied = float(np.linalg.norm(hairy[fp].astype(np.float32)
                                    - src.image[fp].astype(np.float32), axis=-1).mean())
-    if not lands.any() or applied <= 0:
+    if not applied > 0:
         return 0.0
     opts = dataclasses.replace(options, degree=100.0, shape=None, texture=None, evaluate=False)
     with replayed_source_mask() as state:

@@ -17,6 +17,7 @@ from facefuse.faces.types import Face
 from facefuse.fusion import symmetry as sym
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import relative_pose
+from facefuse.fusion.swappers.classic import ClassicSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.warp import delaunay
 from facefuse.toolchain.mesh_symmetry import derive_mirror
@@ -185,3 +186,15 @@ def test_a_source_turned_about_38_degrees_is_filled_from_its_visible_half(
     plain, _ = _fuse(fuser, pair, dataclasses.replace(FuseOptions(), symmetric_fill=False))
     changed = np.abs(filled.astype(np.int16) - plain.astype(np.int16)).max(-1) > 8
     assert changed.sum() > 2000
+
+
+def test_nothing_from_beyond_the_outline_where_the_fill_is_not_needed(
+        sample_images: dict[str, np.ndarray], analysed_faces: dict[str, Face]) -> None:
+    """A frontal source onto a turned target takes no fill; its direct sample is
+    still cut at the source's face outline, with the source's occluder mask off too."""
+    options = FuseOptions(reject_source_occluders=False, evaluate=True)
+    for source, target in (("astronaut", "obama3"), ("obama", "obama2")):
+        layer = ClassicSwapper(cache_sources=False).render(
+            sample_images[source], analysed_faces[source], sample_images[target],
+            analysed_faces[target], options)
+        assert layer.outside_source == 0.0, (source, target, layer.outside_source)

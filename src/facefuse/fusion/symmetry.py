@@ -30,7 +30,9 @@ triangle; near the outline the direct sample fades out over :data:`RAMP` eye
 distances where the mirrored sample lies deeper inside the source face. All
 weights are continuous, so the three sources cross-fade instead of meeting at a
 seam, and none samples beyond the source's face outline (:func:`outside_share`
-measures that: 0).
+measures that: 0). The mirrored sample is used only where it shows some part of
+the face markedly better (:data:`MIRROR_GAIN`; in a clip, wherever the direct one
+falls short); elsewhere the direct sample stands alone, cut at the outline.
 """
 
 from __future__ import annotations
@@ -64,7 +66,11 @@ RAMP = 0.3
 #: face by over 8 grey levels (99th percentile of the changed pixels ≤ 7), while a
 #: fill where the gain is 0.5-0.8 (a source turned 11-13° onto a frontal or opposite
 #: target) moves thousands by 14-24. Skipping it takes 7-13 % off the fusion stage.
+#: Where it is skipped the direct sample stands alone, still cut at the outline.
 MIRROR_GAIN = 0.35
+#: Below this smallest vertex score the direct sample is short of fully shown
+#: (:attr:`FillPlan.partial`).
+FULLY_SHOWN = 0.999
 
 #: :data:`MIRROR` as an index array (468,).
 MIRROR_ORDER = np.asarray(MIRROR, np.intp)
@@ -143,6 +149,12 @@ class FillPlan:
         """Whether the mirrored source shows some part of the face markedly better
         than the direct one (by :data:`MIRROR_GAIN`)."""
         return bool((self.mirror - self.direct).max() >= MIRROR_GAIN)
+
+    @property
+    def partial(self) -> bool:
+        """Whether any part of the face is short of fully shown by the direct source
+        (the rule a clip's frames fill by, so that it does not switch between them)."""
+        return bool(self.direct.min() < FULLY_SHOWN)
 
     def weight_points(self) -> np.ndarray:
         """(468, 2): the scores as a 'point set' (x = direct, y = mirrored), so the

@@ -75,7 +75,8 @@ class FuseOptions:
     ``keep_target_occluders`` keeps whatever covers the target's face on top of
     the fused face; ``symmetric_fill`` takes what the source photo hides or
     foreshortens (a turned head's far side) from the mirrored other half of the
-    source face, or the target's own pixels where neither half is shown.
+    source face where that half shows it markedly better, or the target's own
+    pixels where neither half is shown.
     ``glasses`` and ``facial_hair`` find those as regions (docs/fusion.md):
     ``facial_hair="both"`` (default) keeps the target's beard, moustache and
     stubble and never carries the source's, ``"target"`` looks for the target's

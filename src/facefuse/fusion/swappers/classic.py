@@ -305,7 +305,11 @@ def _geometry(src_lm: np.ndarray, tgt_lm: np.ndarray, dst: np.ndarray, shape: tu
             else carried.triangles_for(mesh_dst, lambda pts: _triangles(pts, (w, h))))
     fill = (sym.plan_fill(src_lm, dst, tris)
             if options.symmetric_fill and options.texture_weight > 0 else None)
-    fill = fill if fill is not None and fill.needed else None
+    # In a clip the fill is used wherever the direct sample is short of fully shown:
+    # the gain gate could switch it on and off between frames (a face turning past
+    # the bound), and the switch would show.
+    fill = fill if fill is not None and (fill.needed if carried is None else fill.partial) \
+        else None
     point_sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
     if fill is not None:
         point_sets += [fill.mirrored_points, fill.weight_points()]
@@ -568,9 +572,11 @@ class ClassicSwapper:
             source_layer *= self._gain_field(gains, mesh_dst, dst, (w, h))
         samples = [(mx_s, my_s)]
         reject = None
-        if src_occ is not None or fill is not None:
+        if src_occ is not None or options.symmetric_fill:
             # Nothing from beyond the source's face outline (its background, hair
-            # or collar where the mesh's edge overshoots): crisp, not grown.
+            # or collar where the mesh's edge overshoots): crisp, not grown. (Also
+            # where the fill is on but not needed: a frontal source onto a turned
+            # target reads past its outline there.)
             crisp = prep.get("crisp", lambda: sym.outline_field(outline))
             inside = sym.sample_field(crisp, mx_s, my_s)
             uncovered = self._uncovered(src_occ, mx_s, my_s, feather)
