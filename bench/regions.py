@@ -36,7 +36,6 @@ them (off, default, both each).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -73,6 +72,7 @@ from facefuse.toolchain.trials import (
     Sample,
     facial_hair_leak_trial,
     facial_hair_survival_trial,
+    fuse_sample,
     glasses_leak_trial,
     glasses_survival_trial,
 )
@@ -143,12 +143,11 @@ def hair_leak(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FacialHairKind, 
                                    - src.image[fp].astype(np.float32), axis=-1).mean())
     if not applied > 0:
         return 0.0
-    opts = dataclasses.replace(options, degree=100.0, shape=None, texture=None, evaluate=False)
     with replayed_source_mask() as state:
         state["mode"] = "capture"
-        out = fuser.fuse_faces(hairy, src.faces[0], tgt.image, tgt.faces, [0], opts).image
+        out = fuse_sample(fuser, Sample(hairy, src.faces), tgt, options)
         state["mode"] = "replay"
-        ref = fuser.fuse_faces(src.image, src.faces[0], tgt.image, tgt.faces, [0], opts).image
+        ref = fuse_sample(fuser, src, tgt, options)
     moved = np.linalg.norm(out.astype(np.float32) - ref.astype(np.float32), axis=-1)
     return min(1.0, float(moved[lands].mean()) / applied)
 

@@ -80,7 +80,7 @@ def test_a_turn_hides_one_side_and_its_mirror_shows_it(analysed_faces: dict[str,
     target = face.landmarks[:MESH_POINTS].astype(np.float64)
     tris = delaunay(target[:, :2])
     same = sym.plan_fill(target, target, tris)
-    assert not same.needed and same.direct.min() >= 0.999
+    assert not same.needed and same.direct.min() >= sym.FULLY_SHOWN
     turned = turn_yaw(face, 40).landmarks
     assert turned is not None
     plan = sym.plan_fill(turned.astype(np.float64), target, tris)

@@ -80,7 +80,9 @@ def _degree_100(options: FuseOptions) -> FuseOptions:
     return dataclasses.replace(options, degree=100.0, shape=None, texture=None, evaluate=False)
 
 
-def _fuse(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOptions) -> np.ndarray:
+def fuse_sample(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOptions) -> np.ndarray:
+    """``src``'s first face fused into ``tgt``'s first at degree 100 with ``options``
+    otherwise: the output image (H, W, 3) uint8."""
     r = fuser.fuse_faces(src.image, src.faces[0], tgt.image, tgt.faces, [0],
                          _degree_100(options))
     return r.image
@@ -98,7 +100,7 @@ def survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: OccluderKin
     ``tgt``'s face."""
     occluded, fp = paste_occluder(tgt.image, tgt.landmarks, kind, donor.image,
                                   donor.landmarks, seed)
-    out = _fuse(fuser, src, Sample(occluded, tgt.faces), options)
+    out = fuse_sample(fuser, src, Sample(occluded, tgt.faces), options)
     return occluder_survival(out, occluded, fp, tgt.landmarks), out
 
 
@@ -109,8 +111,8 @@ def leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: OccluderKind,
     (compared with fusing the clean ``src``)."""
     occluded, fp = paste_occluder(src.image, src.landmarks, kind, donor.image,
                                   donor.landmarks, seed)
-    out = _fuse(fuser, Sample(occluded, src.faces), tgt, options)
-    clean = _fuse(fuser, src, tgt, options)
+    out = fuse_sample(fuser, Sample(occluded, src.faces), tgt, options)
+    clean = fuse_sample(fuser, src, tgt, options)
     return occluder_leak(out, clean, tgt.image, fp, src.landmarks, tgt.landmarks), out
 
 
@@ -124,7 +126,7 @@ def lighting_trial(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOpti
         return None
     r = fuser.fuse_faces(src.image, src.faces[0], tgt.image, tgt.faces, [0],
                          _degree_100(options))
-    out = _fuse(fuser, src_lit, tgt, options)
+    out = fuse_sample(fuser, src_lit, tgt, options)
     x0, y0, x1, y1 = r.fused[0].region
     where = np.zeros(tgt.image.shape[:2], bool)
     where[y0:y1, x0:x1] = r.fused[0].mask >= 0.9
@@ -147,10 +149,10 @@ def background_trial(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOp
     of the pixels the first fusion changed that differ by more than
     :data:`BACKGROUND_THRESHOLD` between the two (0 = the output does not depend
     on the source's background)."""
-    first = _fuse(fuser, src, tgt, options)
+    first = fuse_sample(fuser, src, tgt, options)
     flat = src.image.copy()
     flat[~face_outline_mask(src.landmarks, flat.shape)] = FLAT_BACKGROUND
-    second = _fuse(fuser, Sample(flat, src.faces), tgt, options)
+    second = fuse_sample(fuser, Sample(flat, src.faces), tgt, options)
     changed = np.abs(first.astype(np.int16) - tgt.image.astype(np.int16)).max(-1) > 0
     if not changed.any():
         return 0.0, second
@@ -171,7 +173,7 @@ def facial_hair_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample,
     the face left unchanged (:func:`occluder_survival`)."""
     hairy, fp = paste_facial_hair(tgt.image, tgt.landmarks, kind, donor.image,
                                   donor.landmarks, seed)
-    out = _fuse(fuser, src, Sample(hairy, tgt.faces), options)
+    out = fuse_sample(fuser, src, Sample(hairy, tgt.faces), options)
     return occluder_survival(out, hairy, fp, tgt.landmarks), out
 
 
@@ -192,8 +194,8 @@ def facial_hair_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: Fac
     the output both ways and mostly cancels)."""
     hairy, fp = paste_facial_hair(src.image, src.landmarks, kind, donor.image,
                                   donor.landmarks, seed)
-    out = _fuse(fuser, Sample(hairy, src.faces), tgt, options)
-    clean = _fuse(fuser, src, tgt, options)
+    out = fuse_sample(fuser, Sample(hairy, src.faces), tgt, options)
+    clean = fuse_sample(fuser, src, tgt, options)
     zone = beard_zone(tgt.landmarks, tgt.image.shape[:2])
     # Where the source's hair lands: the same zone of the mesh on the target.
     lands = facial_hair_alpha(tgt.landmarks, tgt.image.shape[:2], kind) > 0.5
@@ -214,7 +216,7 @@ def glasses_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: Fra
     (:func:`paste_glasses`): the share of the frame's pixels inside the face left
     unchanged."""
     worn, fp = paste_glasses(tgt.image, tgt.landmarks, kind, donor.image, donor.landmarks, seed)
-    out = _fuse(fuser, src, Sample(worn, tgt.faces), options)
+    out = fuse_sample(fuser, src, Sample(worn, tgt.faces), options)
     return occluder_survival(out, worn, fp, tgt.landmarks), out
 
 
@@ -224,6 +226,6 @@ def glasses_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FrameKi
     """(leak, output) of fusing ``src`` wearing clear glasses into ``tgt``
     (:func:`occluder_leak` against fusing the clean ``src``)."""
     worn, fp = paste_glasses(src.image, src.landmarks, kind, donor.image, donor.landmarks, seed)
-    out = _fuse(fuser, Sample(worn, src.faces), tgt, options)
-    clean = _fuse(fuser, src, tgt, options)
+    out = fuse_sample(fuser, Sample(worn, src.faces), tgt, options)
+    clean = fuse_sample(fuser, src, tgt, options)
     return occluder_leak(out, clean, tgt.image, fp, src.landmarks, tgt.landmarks), out

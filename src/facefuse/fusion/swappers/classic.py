@@ -308,8 +308,8 @@ def _geometry(src_lm: np.ndarray, tgt_lm: np.ndarray, dst: np.ndarray, shape: tu
     # In a clip the fill is used wherever the direct sample is short of fully shown:
     # the gain gate could switch it on and off between frames (a face turning past
     # the bound), and the switch would show.
-    fill = fill if fill is not None and (fill.needed if carried is None else fill.partial) \
-        else None
+    if fill is not None and not (fill.needed if carried is None else fill.partial):
+        fill = None
     point_sets = [tgt_lm[:MESH_POINTS, :2], src_lm[:MESH_POINTS, :2]]
     if fill is not None:
         point_sets += [fill.mirrored_points, fill.weight_points()]
