@@ -225,19 +225,50 @@ STAGES = [
 
 
 def run_profile(clip: Path) -> dict[str, Any]:
-    """CPU ms per frame of :data:`STAGES` over ``clip`` (the first frame excluded)."""
+    """CPU ms per frame of :data:`STAGES` over ``clip`` (the first frame excluded), by
+    cProfile; and, on the CPU clock with no profiler, ``ClipFusion.process`` per frame
+    (cProfile's per-call overhead inflates Python-heavy stages, about 2x in all) and
+    the codecs' per frame, which the engine runs in their own threads: decoding to
+    RGB, and encoding with the default encoder from the decoded pictures with only a
+    face box converted back (the engine's way) or the whole frame (the naive loop's)."""
     import cProfile
     import pstats
 
     from facefuse.config import Settings
     from facefuse.fusion.engine import FaceFuser
-    from facefuse.video.engine import ClipFusion, VideoOptions
-    from facefuse.video.io import Frame, VideoReader, probe
+    from facefuse.video.codecs import encoder
+    from facefuse.video.engine import ClipFusion, VideoOptions, frame_threads_only
+    from facefuse.video.io import Frame, VideoReader, VideoWriter, probe
 
+    frame_threads_only()  # as the engine runs
     settings = Settings.from_env()
+    info = probe(clip)
+    c0 = cpu_seconds()
+    frames = [it for it in VideoReader(clip, info) if isinstance(it, Frame)]
+    decode_ms = (cpu_seconds() - c0) * 1000 / len(frames)
+    encode_ms = {}
+    h, w = frames[0].rgb.shape[:2]
+    # A box of the bench face's size (its width and 1.5 times that high) at the centre.
+    fw, fh = round(FACE_720 * h / 720), round(1.5 * FACE_720 * h / 720)
+    box = [((w - fw) // 2, (h - fh) // 2, (w + fw) // 2, (h + fh) // 2)]
+    with tempfile.TemporaryDirectory(prefix="bench-video-codec-") as tmp:
+        for name, changed in (("box", box), ("whole", None)):
+            c0 = cpu_seconds()
+            with VideoWriter(Path(tmp) / f"{name}.mp4", info, encoder("vp9"), clip) as writer:
+                for f in frames:
+                    writer.write(f, f.rgb, changed)
+            encode_ms[name] = (cpu_seconds() - c0) * 1000 / len(frames)
+    rounds = []
+    for _ in range(2):
+        state = ClipFusion(FaceFuser(settings), VideoOptions(),
+                           [settings.samples_dir / f"{SOURCE}.jpg"])
+        state.process(frames[0].rgb, 0, frames[0].time_s)
+        c0 = time.process_time()
+        for f in frames[1:]:
+            state.process(f.rgb, f.index, f.time_s)
+        rounds.append((time.process_time() - c0) * 1000 / (len(frames) - 1))
     state = ClipFusion(FaceFuser(settings), VideoOptions(), [settings.samples_dir /
                                                              f"{SOURCE}.jpg"])
-    frames = [it for it in VideoReader(clip, probe(clip)) if isinstance(it, Frame)]
     state.process(frames[0].rgb, 0, frames[0].time_s)
     prof = cProfile.Profile(time.process_time)
     prof.enable()
@@ -251,7 +282,8 @@ def run_profile(clip: Path) -> dict[str, Any]:
         ct = sum(v[3] for (file, _, fn), v in table.items()
                  if fn == func and file.endswith(suffix))
         rows.append([label, ct * 1000 / n])
-    return {"frames": n, "stages": rows}
+    return {"frames": n, "stages": rows, "process_ms": min(rounds), "decode_ms": decode_ms,
+            "encode_box_ms": encode_ms["box"], "encode_whole_ms": encode_ms["whole"]}
 
 
 def run_naive(clip: Path, out: Path) -> dict[str, Any]:
@@ -533,6 +565,15 @@ def section(result: dict[str, Any]) -> list[str]:
                   "run in their own threads): cumulative CPU ms per frame.", "",
                   "| stage | CPU ms/frame |", "|---|---|"]
         lines += [f"| {label} | {ms:.1f} |" for label, ms in pr["stages"]]
+        if "process_ms" in pr:
+            lines += ["", f"The same without a profiler (CPU clock, the faster of two runs): "
+                      f"`ClipFusion.process` **{pr['process_ms']:.1f}** CPU ms a frame (cProfile "
+                      "inflates the Python-heavy stages above, about 2x in all). The codecs, "
+                      "in their own threads: decoding to RGB "
+                      f"**{pr['decode_ms']:.1f}** ms a frame; encoding (VP9) from the decoded "
+                      f"picture with a face box converted back, as the engine does, "
+                      f"**{pr['encode_box_ms']:.1f}** ms, and from the whole frame converted, "
+                      f"as the naive loop does, **{pr['encode_whole_ms']:.1f}** ms."]
     lines += ["", "What the engine saves over the naive loop: the source decoded and analysed "
               "once, and its render-side work (its crop at the working scale with the "
               "highlights taken out, its occluder mask, face outline fields and side-to-side "

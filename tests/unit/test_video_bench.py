@@ -38,6 +38,11 @@ def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_path
     frame = stages["frame (`ClipFusion.process`)"]
     assert frame > 0 and 0 < stages["render (`ClassicSwapper.render`)"] < frame
     assert all(0 <= ms <= frame for ms in stages.values())
+    # Unprofiled, the frame costs less than under cProfile; and the codecs' own costs.
+    profile = result["profile"]
+    assert 0 < profile["process_ms"] < frame
+    assert profile["decode_ms"] > 0
+    assert profile["encode_box_ms"] > 0 and profile["encode_whole_ms"] > 0
     assert result["long"]["frames"] == 10 and result["long"]["peak_rss_mb"] > 0
     # A still face: the engine's output changes less from frame to frame than the
     # naive loop's, which fits every frame anew.
