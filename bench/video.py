@@ -26,6 +26,9 @@ Each run is its own process (peak RSS is its VmHWM). Measures:
   720p clip, by cProfile (CPU clock, its own overhead included);
 * **long clip** (``--long-seconds N``): one worker on an N-second 720p clip with
   audio, its fps and peak RSS (memory must not grow with the clip);
+* **warm worker** (``--warm``): one 720p job of each loop in a process that has
+  just served a job with another source (models loaded, codecs started), as a
+  worker's jobs after its first run;
 * **still face** (``--still``): the engine and the naive loop on a 720p clip of
   the face not moving, where every change between output frames beyond the
   input's own (the codec's noise) is the fusion's flicker: each side's excess
@@ -33,7 +36,7 @@ Each run is its own process (peak RSS is its VmHWM). Measures:
   and the engine's excess over the naive loop's (goal ≤ 0.5).
 
     .venv/bin/python bench/video.py [--sizes 480,720] [--frames 60] [--profile]
-        [--long-seconds 60] [--still] [--benchmarks]
+        [--long-seconds 60] [--warm] [--still] [--benchmarks]
 """
 
 from __future__ import annotations
@@ -187,6 +190,39 @@ class FrameClock:
                 "steady_cpu_ms_per_frame": steady_cpu_ms(self.cpus)}
 
 
+#: The source a warm run's first job fuses (not :data:`SOURCE`: nothing of the
+#: measured job's source is in the caches before it starts).
+WARM_SOURCE = "obama2"
+
+
+def run_warm(kind: str, clip: Path, out: Path) -> dict[str, Any]:
+    """One job on a warm worker: a first job with another source (models loaded, the
+    codecs and pools started, as on a worker that has served a job), then the
+    measured one, its fps and CPU ms per frame (``kind``: ``engine`` or ``naive``)."""
+    from facefuse.config import Settings
+    from facefuse.fusion.engine import FaceFuser
+    from facefuse.fusion.types import FuseOptions
+    from facefuse.video.engine import VideoFuser, frame_threads_only
+    from facefuse.video.io import Frame, VideoReader, probe
+
+    settings = Settings.from_env()
+    warm = settings.samples_dir / f"{WARM_SOURCE}.jpg"
+    if kind == "naive":
+        fuser = FaceFuser(settings)
+        first = next(f for f in VideoReader(clip, probe(clip)) if isinstance(f, Frame))
+        fuser.fuse(warm.read_bytes(), first.rgb, FuseOptions(evaluate=False))
+        return naive_loop(fuser, settings, clip, out)
+    frame_threads_only()  # as the worker and `facefuse video` do
+    fuser = FaceFuser(settings)
+    VideoFuser(fuser).fuse_video(warm, clip, out.with_name("warm-" + out.name))
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    clock = FrameClock()
+    report = VideoFuser(fuser).fuse_video(settings.samples_dir / f"{SOURCE}.jpg", clip, out,
+                                          progress=clock.tick)
+    return {"fps": report.frames / (time.perf_counter() - t0), "frames": report.frames,
+            **clock.steady(), "cpu_ms_per_frame": (cpu_seconds() - c0) * 1000 / report.frames}
+
+
 def run_long(clip: Path, out: Path) -> dict[str, Any]:
     """One engine run, nothing else: fps and CPU ms per frame (peak RSS by the caller)."""
     from facefuse.config import Settings
@@ -289,14 +325,19 @@ def run_profile(clip: Path) -> dict[str, Any]:
 def run_naive(clip: Path, out: Path) -> dict[str, Any]:
     """Every frame on its own: decode, detect, analyse (source too), fuse, encode."""
     from facefuse.config import Settings
-    from facefuse.errors import FaceError
     from facefuse.fusion.engine import FaceFuser
+
+    settings = Settings.from_env()
+    return naive_loop(FaceFuser(settings), settings, clip, out)
+
+
+def naive_loop(fuser: Any, settings: Any, clip: Path, out: Path) -> dict[str, Any]:
+    """:func:`run_naive`'s loop with ``fuser`` (a FaceFuser) and ``settings``."""
+    from facefuse.errors import FaceError
     from facefuse.fusion.types import FuseOptions
     from facefuse.video.codecs import encoder
     from facefuse.video.io import AudioPacket, VideoReader, VideoWriter, probe
 
-    settings = Settings.from_env()
-    fuser = FaceFuser(settings)
     source = (settings.samples_dir / f"{SOURCE}.jpg").read_bytes()
     options = FuseOptions(evaluate=False)
     t0, c0 = time.perf_counter(), cpu_seconds()
@@ -356,8 +397,11 @@ def child(kind: str, clip: str, out: str) -> None:
     if kind == "profile":
         print(json.dumps(run_profile(Path(clip))))
         return
-    run = {"engine": run_engine, "naive": run_naive, "long": run_long}[kind]
-    result = run(Path(clip), Path(out))
+    if kind.startswith("warm-"):
+        result = run_warm(kind.removeprefix("warm-"), Path(clip), Path(out))
+    else:
+        run = {"engine": run_engine, "naive": run_naive, "long": run_long}[kind]
+        result = run(Path(clip), Path(out))
     result["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(result))
 
@@ -399,6 +443,9 @@ def main() -> None:
                     help="profile the engine's stages (at 720p when measured)")
     ap.add_argument("--long-seconds", type=float, default=0.0,
                     help="also run one worker on a clip this long at 720p (peak RSS)")
+    ap.add_argument("--warm", action="store_true",
+                    help="also time one 720p job of each loop on a warm worker (a first "
+                    "job with another source before it)")
     ap.add_argument("--still", action="store_true",
                     help="also measure the flicker of a still 720p face, engine and naive")
     ap.add_argument("--benchmarks", action="store_true", help="write BENCHMARKS.md's section")
@@ -463,6 +510,14 @@ def main() -> None:
             clip = make_clip(d / "long.mp4", 720, frames, audio=True)
             extra["long"] = {"seconds": args.long_seconds, "height": 720,
                              **collect([spawn("long", clip, d / "long_out.mp4")])[0]}
+        if args.warm:
+            clip = make_clip(d / "warm.mp4", 720, args.frames)
+            extra["warm"] = {"height": 720, "frames": args.frames}
+            for kind in ("engine", "naive"):
+                with Others() as load:
+                    extra["warm"][kind] = {**collect([spawn(f"warm-{kind}", clip,
+                                                            d / f"warm_{kind}.mp4")])[0],
+                                           "others_cores": load.cores}
         if args.still:
             clip = make_clip(d / "still.mp4", 720, args.frames, amplitude=0.0)
             extra["still"] = {"height": 720, "frames": args.frames}
@@ -476,6 +531,7 @@ def main() -> None:
                f"--workers {args.workers} --repeat {args.repeat}"
                + (" --profile" if args.profile else "")
                + (f" --long-seconds {args.long_seconds:g}" if args.long_seconds > 0 else "")
+               + (" --warm" if args.warm else "")
                + (" --still" if args.still else ""))
     result = {"machine": m, "frames": args.frames, "rows": rows, **extra, "command": command}
     if args.out:
@@ -558,6 +614,19 @@ def section(result: dict[str, Any]) -> list[str]:
                   f"the naive loop; the excess over the input's own {e['excess']:.3f} vs "
                   f"{n['excess']:.3f} grey levels: **{share}** (goal ≤ 0.5 of the naive "
                   "loop's)."]
+    if "warm" in result:
+        wm = result["warm"]
+        e, n = wm["engine"], wm["naive"]
+        steady = (f"; after start-up {e['steady_fps']:.1f} against {n['steady_fps']:.1f} fps, "
+                  f"**{e['steady_fps'] / n['steady_fps']:.2f}×**"
+                  if e["steady_fps"] and n["steady_fps"] else "")
+        lines += ["", f"**A job on a warm worker** ({wm['frames']} frames at {wm['height']}p, "
+                  f"after a first job with another source in the same process: the models "
+                  "loaded, the codecs and pools started; nothing of this job's source "
+                  f"cached): the engine {e['fps']:.1f} fps, {e['cpu_ms_per_frame']:.0f} CPU ms "
+                  f"a frame; the naive loop {n['fps']:.1f} fps, {n['cpu_ms_per_frame']:.0f} ms: "
+                  f"**{e['fps'] / n['fps']:.2f}×** for the whole clip{steady} (others "
+                  f"{e['others_cores']:.1f} and {n['others_cores']:.1f} cores)."]
     if "profile" in result:
         pr = result["profile"]
         lines += ["", f"Where a {pr['height']}p frame's CPU goes (cProfile on the CPU clock over "
