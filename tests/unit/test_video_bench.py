@@ -43,10 +43,14 @@ def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_path
     assert 0 < profile["process_ms"] < frame
     assert profile["decode_ms"] > 0
     assert profile["encode_box_ms"] > 0 and profile["encode_whole_ms"] > 0
+    # The box pass converted only the box (it could reuse the decoded picture).
+    assert profile["box_reuses_picture"]
     # A job on a warm worker: both loops timed after a first job in the same process.
     warm = result["warm"]
     assert warm["engine"]["frames"] == 14 and warm["engine"]["fps"] > 0
     assert warm["naive"]["frames"] == 14 and warm["naive"]["fps"] > 0
+    # ... after a whole first job each.
+    assert warm["engine"]["first_job_frames"] == 14 == warm["naive"]["first_job_frames"]
     assert result["long"]["frames"] == 10 and result["long"]["peak_rss_mb"] > 0
     # A still face: the engine's output changes less from frame to frame than the
     # naive loop's, which fits every frame anew.
