@@ -37,11 +37,11 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
-from report import ROOT, machine, machine_line, write_json, write_section
+from report import ROOT, machine, machine_line, worker_at, write_json, write_section
 from serve import Inputs, Pool, closed_loop, load1, server
 
 #: Goals on this machine: p50 at 1 client, req/s at 8, peak RSS MB at 32 clients.
@@ -63,6 +63,19 @@ def export_src(rev: str, into: Path) -> Path:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(into, filter="data")
     return into / "src"
+
+
+def rev_workers(script: str, revs: list[str], tmp: Path, stack: contextlib.ExitStack,
+                wait_s: float = 120.0) -> dict[str, tuple[IO[str], IO[str]]]:
+    """One ``script --worker`` process per rev of ``revs`` (``checkout``: this tree's
+    ``src/``, else the rev's exported under ``tmp``), each past its ``ready`` line:
+    rev -> (stdin, stdout), closed with ``stack``."""
+    workers: dict[str, tuple[IO[str], IO[str]]] = {}
+    for r in revs:
+        src = ROOT / "src" if r == "checkout" else export_src(r, tmp / r)
+        workers[r] = stack.enter_context(worker_at(script, "--worker", src, wait_s=wait_s))
+        assert workers[r][1].readline().startswith("ready")
+    return workers
 
 
 def level(srv: Any, name: str, pool: Pool, c: int, duration: float) -> dict[str, Any]:

@@ -16,7 +16,6 @@ Prints the table and writes bench/results/fusion_ab.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 PAIRS = [("obama", "biden"), ("biden", "obama3"), ("obama2", "astronaut"),
          ("astronaut", "obama")]
@@ -58,28 +57,21 @@ def worker() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", default="HEAD~1", help="the commit the ratios are to")
-    ap.add_argument("--also", action="append", default=[], help="another commit to time")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    from report import rev_arguments
+
+    ap = rev_arguments(__doc__, 4)
     args = ap.parse_args()
     if args.worker:
         worker()
         return
-    from ab import export_src, short_rev
-    from report import ROOT, machine, machine_line, worker_at, write_json
+    from ab import rev_workers, short_rev
+    from report import machine, machine_line, write_json
 
     revs = [short_rev(args.base), *(short_rev(r) for r in args.also), "checkout"]
     times: dict[str, dict[float, dict[str, list[float]]]] = {
         r: {mp: {"wall": [], "cpu": []} for mp in SIZES_MP} for r in revs}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        workers: dict[str, tuple[IO[str], IO[str]]] = {}
-        for r in revs:
-            src = ROOT / "src" if r == "checkout" else export_src(r, Path(tmp) / r)
-            workers[r] = stack.enter_context(worker_at(__file__, "--worker", src,
-                                                       wait_s=120.0))
-            assert workers[r][1].readline().startswith("ready")
+        workers = rev_workers(__file__, revs, Path(tmp), stack)
         for mp in SIZES_MP:
             for i in range(args.rounds):
                 for s, t in PAIRS:

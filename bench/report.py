@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -90,3 +91,15 @@ def detection_photos(base: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     face_free = {n: decode_image(p) for n, p in
                  fetch_face_free(base.home / "face-free", base.downloads_dir).items()}
     return photos, face_free
+
+
+def rev_arguments(doc: str, rounds: int) -> argparse.ArgumentParser:
+    """The parser of a commit-against-commit bench (``doc``: its module docstring):
+    ``--base`` (the commit the ratios are to), ``--also`` (more commits), ``--rounds``
+    (default ``rounds``) and the hidden ``--worker``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--base", default="HEAD~1", help="the commit the ratios are to")
+    ap.add_argument("--also", action="append", default=[], help="another commit to time")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return ap
