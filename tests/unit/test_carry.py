@@ -17,7 +17,7 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion import regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance, fused_shape
-from facefuse.fusion.swappers.classic import WORK_EYE_PX, ClassicSwapper
+from facefuse.fusion.swappers.classic import CLIP_WORK_EYE_PX, WORK_EYE_PX, ClassicSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import occluder_survival
 from facefuse.toolchain.synthetic import paste_facial_hair, paste_glasses
@@ -220,3 +220,26 @@ def test_the_frames_of_a_carry_share_the_triangulation(samples: dict[str, Sample
     own = carried.triangles_for(mirrored, triangulate)
     assert len(calls) == 1 and own is not carried.triangles
     assert (doubled_areas(mirrored, own) > 0).all()
+
+
+def test_a_clip_frame_renders_at_the_clip_scale_as_a_photo_would(
+        samples: dict[str, Sample],
+        moving: list[tuple[np.ndarray, np.ndarray, Sample]]) -> None:
+    """A frame rendered with carried findings works at the clip's working scale, and
+    the face comes out as at the photo's: its largest channel's change within two
+    grey levels on average inside the face (about 1 on the bench's frames)."""
+    source = samples["obama"]
+    frame, _, s = moving[1]
+    options = FuseOptions(evaluate=False)
+    layers = {}
+    for eye_px in (WORK_EYE_PX, CLIP_WORK_EYE_PX):
+        swapper = ClassicSwapper(clip_eye_px=eye_px)
+        carried = swapper.carry(moving[0][0], moving[0][2].faces[0], options,
+                                source.faces[0])
+        layers[eye_px] = swapper.render(source.image, source.faces[0], frame, s.faces[0],
+                                        options, carried)
+    photo, clip = layers[WORK_EYE_PX], layers[CLIP_WORK_EYE_PX]
+    assert photo.region == clip.region
+    inside = np.minimum(photo.mask, clip.mask) > 0.5
+    diff = np.abs(photo.face - clip.face).max(axis=2)[inside]
+    assert 0.0 < float(diff.mean()) < 2.0, float(diff.mean())
