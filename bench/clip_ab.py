@@ -33,7 +33,8 @@ FRAMES, HEIGHT = 60, 720
 
 
 def worker() -> None:
-    """Answer one JSON line per request: ``{"clip": path}`` decodes the clip (``ready``),
+    """After a ``ready`` line, answer one JSON line per request: ``{"clip": path}``
+    decodes the clip (its frame count),
     ``{"reset": true}`` starts a new clip state and processes frame 0 untimed, ``{"i":
     k}`` processes frame ``k`` and gives its wall and CPU ms."""
     from facefuse.config import Settings
@@ -118,11 +119,7 @@ def main() -> None:
                           for r in revs[1:]) + " |"]
     result = {"revs": revs, "rounds": args.rounds, "frames": n - 1, "cpu_ms": cpu,
               "ratios": ratios}
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "clip_ab.json").write_text(json.dumps(result, indent=2) + "\n")
-    else:
-        write_json("clip_ab", result)
+    write_json("clip_ab", result, args.out)
     print("\n".join(lines))
 
 

@@ -39,9 +39,11 @@ def median_ms(fn: Callable[[], object], repeat: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def write_json(name: str, data: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_json(name: str, data: dict[str, Any], out: str | Path | None = None) -> Path:
+    """``data`` as ``name``.json in bench/results/, or in ``out`` when given."""
+    where = RESULTS if out is None else Path(out)
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 

@@ -89,22 +89,34 @@ def peak_rss_mb() -> float:
     return 0.0
 
 
+def engine_job(fuser: Any, source: Path, clip: Path, out: Path) -> tuple[Any, dict[str, Any]]:
+    """``facefuse video``'s engine fusing ``source`` into ``clip`` with ``fuser`` (a
+    FaceFuser), timed: its :class:`~facefuse.video.engine.VideoReport` and fps, frames,
+    the after-start-up rates, CPU ms per frame and the frames fused."""
+    from facefuse.video.engine import VideoFuser
+
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    clock = FrameClock()
+    report = VideoFuser(fuser).fuse_video(source, clip, out, progress=clock.tick)
+    return report, {"fps": report.frames / (time.perf_counter() - t0),
+                    "frames": report.frames, **clock.steady(),
+                    "cpu_ms_per_frame": (cpu_seconds() - c0) * 1000 / report.frames,
+                    "fused_frames": report.fused_frames}
+
+
 def run_engine(clip: Path, out: Path) -> dict[str, Any]:
     """One engine run in this process: fps, and the flicker and jitter figures."""
     from facefuse.config import Settings
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.geometry import eye_distance
-    from facefuse.video.engine import ClipFusion, VideoFuser, VideoOptions, frame_threads_only
+    from facefuse.video.engine import ClipFusion, VideoOptions, frame_threads_only
     from facefuse.video.io import Frame, VideoReader, probe
 
     frame_threads_only()  # as the worker and `facefuse video` do
     settings = Settings.from_env()
     fuser = FaceFuser(settings)
     source = settings.samples_dir / f"{SOURCE}.jpg"
-    t0, c0 = time.perf_counter(), cpu_seconds()
-    clock = FrameClock()
-    report = VideoFuser(fuser).fuse_video(source, clip, out, progress=clock.tick)
-    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    report, timed = engine_job(fuser, source, clip, out)
     # Jitter: the same clip through the per-frame state machine (no encoding).
     state = ClipFusion(fuser, VideoOptions(), [source])
     raw, smooth, eyes = [], [], []
@@ -115,9 +127,7 @@ def run_engine(clip: Path, out: Path) -> dict[str, Any]:
                 raw.append(stats.raw_landmarks[0][:468, :2])
                 smooth.append(stats.landmarks[0][:468, :2])
                 eyes.append(eye_distance(stats.raw_landmarks[0]))
-    return {"fps": report.frames / seconds, "frames": report.frames,
-            **clock.steady(), "cpu_ms_per_frame": cpu * 1000 / report.frames,
-            "fused_frames": report.fused_frames, "detections": report.detections,
+    return {**timed, "detections": report.detections,
             "jitter_raw_pct": jitter(raw, eyes), "jitter_smooth_pct": jitter(smooth, eyes)}
 
 
@@ -216,32 +226,21 @@ def run_warm(kind: str, clip: Path, out: Path) -> dict[str, Any]:
     frame_threads_only()  # as the worker and `facefuse video` do
     fuser = FaceFuser(settings)
     first_job = VideoFuser(fuser).fuse_video(warm, clip, first_out)
-    t0, c0 = time.perf_counter(), cpu_seconds()
-    clock = FrameClock()
-    report = VideoFuser(fuser).fuse_video(settings.samples_dir / f"{SOURCE}.jpg", clip, out,
-                                          progress=clock.tick)
-    return {"fps": report.frames / (time.perf_counter() - t0), "frames": report.frames,
-            **clock.steady(), "cpu_ms_per_frame": (cpu_seconds() - c0) * 1000 / report.frames,
-            "first_job_frames": first_job.frames}
+    _, timed = engine_job(fuser, settings.samples_dir / f"{SOURCE}.jpg", clip, out)
+    return {**timed, "first_job_frames": first_job.frames}
 
 
 def run_long(clip: Path, out: Path) -> dict[str, Any]:
     """One engine run, nothing else: fps and CPU ms per frame (peak RSS by the caller)."""
     from facefuse.config import Settings
     from facefuse.fusion.engine import FaceFuser
-    from facefuse.video.engine import VideoFuser, frame_threads_only
+    from facefuse.video.engine import frame_threads_only
 
     frame_threads_only()  # as the worker and `facefuse video` do
     settings = Settings.from_env()
-    fuser = FaceFuser(settings)
-    t0, c0 = time.perf_counter(), cpu_seconds()
-    clock = FrameClock()
-    report = VideoFuser(fuser).fuse_video(settings.samples_dir / f"{SOURCE}.jpg", clip, out,
-                                          progress=clock.tick)
-    return {"fps": report.frames / (time.perf_counter() - t0), "frames": report.frames,
-            "steady_fps": steady_fps(clock.done),
-            "cpu_ms_per_frame": (cpu_seconds() - c0) * 1000 / report.frames,
-            "fused_frames": report.fused_frames}
+    _, timed = engine_job(FaceFuser(settings), settings.samples_dir / f"{SOURCE}.jpg", clip,
+                          out)
+    return timed
 
 
 #: The profile's rows: (label, file suffix, function) summed as cumulative CPU time.
@@ -547,11 +546,7 @@ def main() -> None:
                + (" --warm" if args.warm else "")
                + (" --still" if args.still else ""))
     result = {"machine": m, "frames": args.frames, "rows": rows, **extra, "command": command}
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "video.json").write_text(json.dumps(result, indent=2) + "\n")
-    else:
-        write_json("video", result)
+    write_json("video", result, args.out)
     lines = section(result)
     if args.benchmarks:
         publish("Video (`bench/video.py`)", lines)
