@@ -14,7 +14,9 @@ where it can be, and judged as a region:
   greyer half), or that are darker than it *and* carry more fine, oriented
   texture energy (the structure tensor's trace of the high-pass luma, relative
   to the upper face's) — shading is darker but smooth and more saturated, hair
-  is textured and less so. The pixels are closed into regions (hair is strands
+  is textured and less so —, or that are a little of both greyer and more
+  textured (fair hair over dark skin, half of the skin showing through, is
+  neither much greyer nor darker than the skin). The pixels are closed into regions (hair is strands
   with skin between); only regions that cover a good part of the philtrum or
   the chin's middle, on both sides of the midline, are facial hair (it grows
   there, on both sides; a smile fold or a shaded jaw lies on one, and the
@@ -70,6 +72,11 @@ HAIR_GREYER = 0.3
 #: textured (natural log of the energy ratio).
 HAIR_DARKER = 0.12
 HAIR_TEXTURE = 1.0
+#: ... or greyer by this share and more textured by this much: fair hair over
+#: dark skin is neither much greyer nor darker than the skin, but a little of both
+#: greyer and more textured.
+HAIR_GREYISH = 0.18
+HAIR_GREYISH_TEXTURE = 0.3
 #: Hair is judged this many eye distances (beyond the lips' own margin) away
 #: from the lips; a region found is then grown up to them.
 LIP_MARGIN = 0.01
@@ -308,10 +315,15 @@ def _height_box(lm: np.ndarray, skin: np.ndarray, top: float, bottom: float
             int(np.ceil(pts[:, 0].max() + m)), int(np.ceil(pts[:, 1].max() + m)))
 
 
-def _hair_pixels(grey: np.ndarray, dark: np.ndarray, texture: np.ndarray) -> np.ndarray:
+def _hair_pixels(grey: np.ndarray, dark: np.ndarray, texture: np.ndarray,
+                 fair: bool = False) -> np.ndarray:
     """(H, W) bool: hair by :func:`hair_features` — greyer than the skin, or darker
-    and more textured."""
+    and more textured; with ``fair``, also somewhat greyer and somewhat more
+    textured (fair facial hair on dark skin; not used at the hairline, where the
+    forehead's own lines would pass it)."""
     out: np.ndarray = (grey > HAIR_GREYER) | ((dark > HAIR_DARKER) & (texture > HAIR_TEXTURE))
+    if fair:
+        out |= (grey > HAIR_GREYISH) & (texture > HAIR_GREYISH_TEXTURE)
     return out
 
 
@@ -331,7 +343,7 @@ def _facial_hair(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = No
     # and a region found reaches it afterwards.
     lips = occ.grow(frame.feats[4], LIP_MARGIN * d)
     zone = full & ~lips
-    hairy = _hair_pixels(grey, dark, texture)
+    hairy = _hair_pixels(grey, dark, texture, fair=True)
     binary = (zone & hairy).astype(np.uint8)
     binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_CLOSE, occ.disc(0.04 * d)), np.uint8)
     binary = np.asarray(cv2.morphologyEx(binary, cv2.MORPH_OPEN, occ.disc(0.02 * d)), np.uint8)
