@@ -42,12 +42,14 @@ Each run is its own process (peak RSS is its VmHWM). Measures:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,64 @@ def peak_rss_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def live_children() -> list[int]:
+    """The pids of this process's children now running (the engine's render
+    processes)."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
+
+
+def _smaps_mb(pid: int | str) -> dict[str, float]:
+    """Rss and Pss (MB) of a process from its smaps_rollup; empty if it is gone."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                out[key] = int(rest.split()[0]) / 1024
+    return out
+
+
+class TreeMemory:
+    """Samples this process's and its live children's memory every ``every_s``
+    seconds in a thread: ``pss_mb`` the largest sum of their Pss (shared pages
+    counted once, split among the processes mapping them: what the tree takes),
+    ``rss_mb`` the largest sum of their Rss (a forked child's pages shared with its
+    parent counted again in each: an upper bound), ``children`` the most children
+    seen at once."""
+
+    def __init__(self, every_s: float = 0.2) -> None:
+        self.every_s = every_s
+        self.pss_mb = self.rss_mb = 0.0
+        self.children = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="tree-memory")
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.every_s):
+                return
+
+    def sample(self) -> None:
+        kids = live_children()
+        sizes = [_smaps_mb("self")] + [_smaps_mb(p) for p in kids]
+        self.pss_mb = max(self.pss_mb, sum(x.get("Pss", 0.0) for x in sizes))
+        self.rss_mb = max(self.rss_mb, sum(x.get("Rss", 0.0) for x in sizes))
+        self.children = max(self.children, len(kids))
+
+    def __enter__(self) -> TreeMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def engine_job(fuser: Any, source: Path, clip: Path, out: Path) -> tuple[Any, dict[str, Any]]:
@@ -400,9 +460,18 @@ def flicker(clip: Path, out: Path, height: int, excess: bool = False) -> float:
 
 
 def cpu_seconds() -> float:
-    """User + system CPU time of this process (all its threads), seconds."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    """User + system CPU seconds of this process (all its threads) and of its
+    children, finished (reaped) and running: the engine's render processes."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)
+    tick = os.sysconf("SC_CLK_TCK")
+    live = 0.0
+    for pid in live_children():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # The fields after the command's closing parenthesis; utime, stime: 14, 15.
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            live += (int(f[11]) + int(f[12])) / tick
+    return own.ru_utime + own.ru_stime + done.ru_utime + done.ru_stime + live
 
 
 def child(kind: str, clip: str, out: str) -> None:
@@ -413,7 +482,10 @@ def child(kind: str, clip: str, out: str) -> None:
         result = run_warm(kind.removeprefix("warm-"), Path(clip), Path(out))
     else:
         run = {"engine": run_engine, "naive": run_naive, "long": run_long}[kind]
-        result = run(Path(clip), Path(out))
+        with TreeMemory() as tree:
+            result = run(Path(clip), Path(out))
+        result.update(tree_pss_mb=tree.pss_mb, tree_rss_mb=tree.rss_mb,
+                      render_processes=tree.children)
     result["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(result))
 
@@ -497,6 +569,9 @@ def main() -> None:
                            "steady_fps": (None if any(r["steady_fps"] is None for r in runs)
                                           else sum(r["steady_fps"] for r in runs)),
                            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+                           "tree_pss_mb": max(r["tree_pss_mb"] for r in runs),
+                           "tree_rss_mb": max(r["tree_rss_mb"] for r in runs),
+                           "render_processes": runs[0]["render_processes"],
                            "cpu_ms_per_frame": runs[0]["cpu_ms_per_frame"],
                            "steady_cpu_ms_per_frame": runs[0]["steady_cpu_ms_per_frame"],
                            "others_cores": others,
@@ -511,6 +586,7 @@ def main() -> None:
                     "height": height, "kind": "naive", "workers": 1, "fps": naive["fps"],
                     "steady_fps": naive["steady_fps"],
                     "peak_rss_mb": naive["peak_rss_mb"],
+                    "tree_pss_mb": naive["tree_pss_mb"], "tree_rss_mb": naive["tree_rss_mb"],
                     "cpu_ms_per_frame": naive["cpu_ms_per_frame"],
                     "steady_cpu_ms_per_frame": naive["steady_cpu_ms_per_frame"],
                     "others_cores": load.cores,
@@ -554,6 +630,11 @@ def main() -> None:
         print("\n".join(lines))
 
 
+def _mb(row: dict[str, Any], key: str) -> str:
+    """A memory figure of a row, blank where the run did not record it."""
+    return f"{row[key]:.0f}" if row.get(key) else ""
+
+
 def section(result: dict[str, Any]) -> list[str]:
     """The BENCHMARKS.md section of one run's results."""
     rows, frames = result["rows"], result["frames"]
@@ -567,13 +648,16 @@ def section(result: dict[str, Any]) -> list[str]:
              "repeats, still below what an idle 2-core worker does.",
              "", f"`{result['command']}`: a {frames}-frame 25 fps clip of a moving face "
              f"(~{FACE_720:.0f} px wide at 720p, eye distance ~100 px), VP9 out; fps summed "
-             "over the workers (each its own clip, run at once), peak RSS the largest "
-             "worker's. **fps after start-up**: the frames after the first "
+             "over the workers (each its own clip, run at once), memory the largest "
+             "worker's: its process's peak RSS, and sampled every 0.2 s, the peak PSS of "
+             "the process and its render processes together (the pages they share counted "
+             "once) and their RSS summed (shared pages counted in each: an upper bound). "
+             "**fps after start-up**: the frames after the first "
              f"{STARTUP_FRAMES} over the time they took (the rate a long clip runs at: the "
              "source's analysis, the models' and codecs' start are behind it). "
-             "**CPU ms/frame**: the process's user + system time (all threads) "
-             "per frame, start-up (models, the source's analysis) included, and after "
-             "start-up; **× naive**: "
+             "**CPU ms/frame**: the user + system time of the process (all threads) and "
+             "its render processes per frame, start-up (models, the source's analysis) "
+             "included, and after start-up; **× naive**: "
              "the naive loop's CPU ms/frame over this one's, and this fps over the naive "
              "loop's, for the whole clip and after start-up (both loops' first "
              f"{STARTUP_FRAMES} frames left out). Flicker: mean |frame-to-frame "
@@ -581,9 +665,10 @@ def section(result: dict[str, Any]) -> list[str]:
              "difference| of the mesh points over time.", "",
              "| size | run | workers | fps (wall) | fps after start-up | CPU ms/frame "
              "| CPU ms/frame after start-up | × naive (CPU) "
-             "| × naive (fps) | × naive after start-up (fps) | peak RSS MB "
+             "| × naive (fps) | × naive after start-up (fps) | peak RSS MB (process) "
+             "| peak PSS MB (with render processes) | RSS summed MB "
              "| flicker (× target's) | jitter raw → smoothed (% eye dist.) | others (cores) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         naive = next(x for x in rows if x["height"] == r["height"] and x["kind"] == "naive")
         jit = (f"{r['jitter_raw_pct']:.2f} → {r['jitter_smooth_pct']:.2f}"
@@ -599,7 +684,8 @@ def section(result: dict[str, Any]) -> list[str]:
                      f"{r['cpu_ms_per_frame']:.0f} | {steady_cpu} | "
                      f"{naive['cpu_ms_per_frame'] / r['cpu_ms_per_frame']:.2f} | "
                      f"{r['fps'] / naive['fps']:.2f} | {steady_x} | "
-                     f"{r['peak_rss_mb']:.0f} | {r['flicker']:.2f} | {jit} | {others} |")
+                     f"{r['peak_rss_mb']:.0f} | {_mb(r, 'tree_pss_mb')} | "
+                     f"{_mb(r, 'tree_rss_mb')} | {r['flicker']:.2f} | {jit} | {others} |")
     if "long" in result:
         lg = result["long"]
         lines += ["", f"**Long clip**: one worker on a {lg['seconds']:g}-second {lg['height']}p "
@@ -607,8 +693,11 @@ def section(result: dict[str, Any]) -> list[str]:
                   + (f" ({lg['steady_fps']:.1f} after start-up)"
                      if lg.get("steady_fps") is not None else "") + ", "
                   f"{lg['cpu_ms_per_frame']:.0f} CPU ms/frame, **peak RSS "
-                  f"{lg['peak_rss_mb']:.0f} MB** (the frames in flight are a bounded window, "
-                  "so memory does not grow with the clip)."]
+                  f"{lg['peak_rss_mb']:.0f} MB**"
+                  + (f", with its render processes peak PSS {lg['tree_pss_mb']:.0f} MB "
+                     f"(RSS summed {lg['tree_rss_mb']:.0f} MB)" if lg.get("tree_pss_mb") else "")
+                  + " (the frames in flight are a bounded window, so memory does not grow "
+                  "with the clip)."]
     if "still" in result:
         st = result["still"]
         e, n = st["engine"], st["naive"]

@@ -5,6 +5,7 @@ it is, and how it refuses bad clips."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import av
 import numpy as np
 import pytest
+from child_processes import children
 from video_clips import blank, clip, scene
 
 from facefuse.errors import CancelledError, InvalidVideoError, ModelError, VideoTooLargeError
@@ -22,6 +24,7 @@ from facefuse.faces.landmarker import EYE_CONTOUR_INDICES
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.types import FuseOptions
+from facefuse.video import processes as forked
 from facefuse.video.engine import ClipFusion, FrameStats, VideoFuser, VideoOptions
 from facefuse.video.io import Frame, VideoLimits, VideoReader, VideoWriter, probe
 from facefuse.video.smoothing import OneEuroFilter
@@ -362,9 +365,58 @@ def test_a_failure_in_a_pipeline_thread_surfaces_typed(
         monkeypatch.setattr(VideoWriter, "write", failing)
     out = tmp_path / "out.mp4"
     with pytest.raises(ModelError) as err:
-        VideoFuser(fuser).fuse_video(sample_paths[SOURCE], clips["motion"], out)
+        # (Threads: the calls are counted in this process.)
+        VideoFuser(fuser).fuse_video(sample_paths[SOURCE], clips["motion"], out,
+                                     VideoOptions(processes=False))
     assert err.value.code == "model_failed" and len(calls) >= 5
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(not forked.available(), reason="needs fork")
+def test_a_failure_in_a_render_process_surfaces_typed_and_leaves_none_running(
+        fuser: FaceFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typed error raised in a render process reaches the caller as itself (its
+    code kept), leaves no output, and the render processes are gone."""
+    parent, calls = os.getpid(), []
+    swapper = fuser.swappers["classic"]
+    real = swapper.render
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        calls.append(1)  # (each process counts its own)
+        if os.getpid() != parent and len(calls) == 3:
+            raise ModelError("model run failed", code="model_failed")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(swapper, "render", failing)
+    before = children()
+    out = tmp_path / "out.mp4"
+    with pytest.raises(ModelError) as err:
+        VideoFuser(fuser).fuse_video(sample_paths[SOURCE], clips["motion"], out,
+                                     VideoOptions(processes=True))
+    assert err.value.code == "model_failed"
+    assert not out.exists() and not list(tmp_path.iterdir())
+    assert children() <= before
+
+
+@pytest.mark.skipif(not forked.available(), reason="needs fork")
+def test_frames_rendered_in_processes_give_the_clip_of_threads(
+        video: VideoFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        tmp_path: Path) -> None:
+    """The render processes make exactly the clip the render threads make (two
+    faces tracked, a cut), and none is left running after it."""
+    before = children()
+    outs = []
+    for processes in (False, True):
+        out = tmp_path / f"p{processes}.mp4"
+        report = video.fuse_video(sample_paths[SOURCE], clips["story"], out,
+                                  VideoOptions(fuse=FuseOptions(mode="many"),
+                                               processes=processes))
+        assert report.cuts == 1 and report.fused_frames == 32
+        outs.append(frames_of(out))
+    assert children() <= before
+    for a, b in zip(*outs, strict=True):
+        assert a[0] == b[0] and np.array_equal(a[3], b[3])
 
 
 def test_rendering_frames_at_once_gives_the_one_at_a_time_clip(

@@ -52,8 +52,10 @@ def test_video_bench_measures_engine_and_naive_loop(model_dir: Path, sample_path
     # ... after a whole first job each.
     assert warm["engine"]["first_job_frames"] == 14 == warm["naive"]["first_job_frames"]
     assert result["long"]["frames"] == 10 and result["long"]["peak_rss_mb"] > 0
-    # A still face: the engine's output changes less from frame to frame than the
-    # naive loop's, which fits every frame anew.
+    # A still face: the engine's output changes from frame to frame no more than
+    # the input's own (the goal's 1.2x), and adds at most half the change the naive
+    # loop, which fits every frame anew, adds (on a 14-frame clip the naive loop may
+    # add none either: both figures then read below the input's own).
     still = result["still"]
-    assert still["engine"]["ratio"] < still["naive"]["ratio"], still
-    assert still["engine"]["excess"] < still["naive"]["excess"], still
+    assert still["engine"]["ratio"] <= 1.2, still
+    assert still["engine"]["excess"] <= max(0.0, 0.5 * still["naive"]["excess"]) + 0.01, still

@@ -1,0 +1,88 @@
+"""Forked child processes running a function of the parent's state."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from child_processes import alive, children
+
+from facefuse.errors import ModelError
+from facefuse.video.processes import ForkedCalls, available
+
+pytestmark = pytest.mark.skipif(not available(), reason="needs fork")
+
+
+def test_a_child_runs_the_parents_state_and_exits_when_closed() -> None:
+    """The function and what it reads are the parent's, never pickled (a lock and a
+    lambda would not pickle); arguments and results cross; the children are gone
+    after close."""
+    before = children()
+    lock = threading.Lock()
+    state = {"scale": 3, "lock": lock, "fn": lambda x: x + 1}
+
+    def work(x: int) -> tuple[int, int]:
+        with state["lock"]:  # type: ignore[attr-defined]
+            return state["fn"](x) * state["scale"], os.getpid()  # type: ignore[operator]
+
+    with ForkedCalls(work, 2) as calls:
+        out = [calls.submit(i).result(timeout=60) for i in range(6)]
+        kids = children() - before
+    assert [v for v, _ in out] == [3 * (i + 1) for i in range(6)]
+    assert {pid for _, pid in out} <= kids and os.getpid() not in {pid for _, pid in out}
+    assert len(kids) == 2
+    assert not any(alive(p) for p in kids)
+
+
+def test_a_typed_error_in_a_child_reaches_the_caller_with_its_code() -> None:
+    def fail(_: int) -> None:
+        raise ModelError("model run failed", code="model_failed")
+
+    with ForkedCalls(fail, 1) as calls, pytest.raises(ModelError) as err:
+        calls.submit(0).result(timeout=60)
+    assert err.value.code == "model_failed" and err.value.message == "model run failed"
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    """SIGKILL of the parent (a worker killed mid-job) leaves no child behind."""
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / "src")!r})
+        from facefuse.video.processes import ForkedCalls
+        calls = ForkedCalls(lambda _: os.getpid(), 2)
+        pids = {{calls.submit(i).result() for i in range(8)}}
+        print(" ".join(map(str, sorted(pids))), flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert pids and all(alive(p) for p in pids)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stop_signal_to_the_group_is_the_parents_to_handle() -> None:
+    """SIGINT and SIGTERM (a Ctrl-C, an init forwarding a stop to the process group)
+    leave the children serving: the parent decides when they stop."""
+    with ForkedCalls(lambda _: os.getpid(), 1) as calls:
+        pid = calls.submit(0).result(timeout=60)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            os.kill(pid, sig)
+        time.sleep(0.2)
+        assert calls.submit(0).result(timeout=60) == pid
