@@ -507,13 +507,17 @@ def collect(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
 
 def keep(best: dict[tuple[str, int], dict[str, Any]], key: tuple[str, int],
          row: dict[str, Any]) -> None:
-    """Keep the faster of two runs of one configuration (peak RSS: the larger)."""
+    """Keep the faster of two runs of one configuration (memory: the larger)."""
     print(json.dumps(row), flush=True)
     old = best.get(key)
     if old is not None:
         row = {**(row if row["fps"] > old["fps"] else old),
-               "peak_rss_mb": max(row["peak_rss_mb"], old["peak_rss_mb"])}
+               **{k: max(row[k], old[k]) for k in MEMORY_KEYS if k in row and k in old}}
     best[key] = row
+
+
+#: A row's memory figures (MB), of which :func:`keep` reports the larger run's.
+MEMORY_KEYS = ("peak_rss_mb", "tree_pss_mb", "tree_rss_mb")
 
 
 def main() -> None:
@@ -649,9 +653,10 @@ def section(result: dict[str, Any]) -> list[str]:
              "", f"`{result['command']}`: a {frames}-frame 25 fps clip of a moving face "
              f"(~{FACE_720:.0f} px wide at 720p, eye distance ~100 px), VP9 out; fps summed "
              "over the workers (each its own clip, run at once), memory the largest "
-             "worker's: its process's peak RSS, and sampled every 0.2 s, the peak PSS of "
-             "the process and its render processes together (the pages they share counted "
-             "once) and their RSS summed (shared pages counted in each: an upper bound). "
+             "worker's: its process's peak RSS, and sampled every 0.2 s (so a peak between "
+             "two samples is missed), the peak PSS of the process and its render processes "
+             "together (the pages they share counted once) and their RSS summed (shared "
+             "pages counted in each). "
              "**fps after start-up**: the frames after the first "
              f"{STARTUP_FRAMES} over the time they took (the rate a long clip runs at: the "
              "source's analysis, the models' and codecs' start are behind it). "

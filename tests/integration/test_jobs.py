@@ -38,15 +38,22 @@ def _face(analyser: FaceAnalyser, photo: np.ndarray) -> tuple[float, float, floa
     return float(b[0] + b[2]) / 2, float(b[1] + b[3]) / 2, float(b[2] - b[0])
 
 
+#: Frames of the ``long`` clip: enough that a worker stopped or killed once the job
+#: shows progress is still mid-clip after its grace (1 s; the worker renders this
+#: 480x360 clip at ~40 fps), and that the queue's Redis goes down mid-job.
+LONG_FRAMES = 180
+
+
 @pytest.fixture(scope="module")
 def clip_bytes(tmp_path_factory: pytest.TempPathFactory, analyser: FaceAnalyser,
                sample_images: dict[str, np.ndarray]) -> dict[str, bytes]:
-    """``short`` (12 frames, audio) and ``long`` (60 frames) clips of a moving face."""
+    """``short`` (12 frames, audio) and ``long`` (:data:`LONG_FRAMES`) clips of a
+    moving face."""
     d = tmp_path_factory.mktemp("jobclips")
     photo = sample_images["obama"]
     face = _face(analyser, photo)
     out = {}
-    for name, n in (("short", 12), ("long", 60)):
+    for name, n in (("short", 12), ("long", LONG_FRAMES)):
         frames = list(motion_frames(Scene(photo, n, face, size=(480, 360), face_px=130)))
         out[name] = write_clip(d / f"{name}.mp4", frames, audio=name == "short").read_bytes()
     return out
@@ -77,7 +84,7 @@ def stack(settings: Settings, model_dir: Path, redis_server: Any, jobs_redis: An
     another; workers are started by the tests."""
     env = {"FACEFUSE_REDIS_URL": redis_server.url, "FACEFUSE_JOBS_REDIS_URL": jobs_redis.url,
            "FACEFUSE_API_KEYS": KEYS, "FACEFUSE_JOBS_MAX_QUEUED": "2",
-           "FACEFUSE_VIDEO_MAX_FRAMES": "100"}
+           "FACEFUSE_VIDEO_MAX_FRAMES": str(LONG_FRAMES + 20)}
     api = ServerProcess(settings.home, tmp_path, env, name="jobs-api")
     workers: list[WorkerProcess] = []
 
@@ -251,7 +258,7 @@ def test_stopped_and_killed_workers_hand_the_job_on(
         assert done["status"] == "succeeded", done
         assert done["attempts"] == 3
         res = c.get(loc + "/result")
-        assert frame_count(res.content) == 60
+        assert frame_count(res.content) == LONG_FRAMES
         # Exactly one result stored.
         assert len(list(r_store.scan_iter("facefuse:job:*:result"))) == 1
 
@@ -318,6 +325,6 @@ def test_redis_restarted_mid_job_loses_nothing(stack: dict[str, Any], how: str,
         redis_server.start()
         done = wait_state(c, loc, {"succeeded", "failed"}, timeout=400)
         assert done["status"] == "succeeded", done
-        assert frame_count(c.get(loc + "/result").content) == 60
+        assert frame_count(c.get(loc + "/result").content) == LONG_FRAMES
         assert len(list(redis.Redis.from_url(redis_server.url)
                         .scan_iter("facefuse:job:*:result"))) == 1

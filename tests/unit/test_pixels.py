@@ -130,3 +130,13 @@ def test_fusion_on_onnx_pixels_matches_opencv_on_every_sample_pair(
                        abs(q_dev["id_sim_target"] - q_ref["id_sim_target"]))
     assert worst_psnr >= MIN_PSNR_DB
     assert worst_id <= 0.005, worst_id
+
+
+def test_the_classic_swapper_is_fork_safe_on_opencvs_pixels_only(
+        onnx_pixels: OnnxPixels) -> None:
+    """A clip renders in forked processes only where no ONNX Runtime session is in
+    the render: the ONNX pixel backend keeps it in threads."""
+    from facefuse.fusion.swappers.classic import ClassicSwapper
+
+    assert ClassicSwapper(pixels=OpenCVPixels()).fork_safe
+    assert not ClassicSwapper(pixels=onnx_pixels).fork_safe

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -77,12 +78,33 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
         proc.wait()
 
 
-def test_a_stop_signal_to_the_group_is_the_parents_to_handle() -> None:
-    """SIGINT and SIGTERM (a Ctrl-C, an init forwarding a stop to the process group)
-    leave the children serving: the parent decides when they stop."""
+def test_a_ctrl_c_to_the_group_is_the_parents_to_handle() -> None:
+    """SIGINT (a Ctrl-C reaches the whole process group) leaves the children
+    serving: the parent decides when they stop."""
     with ForkedCalls(lambda _: os.getpid(), 1) as calls:
         pid = calls.submit(0).result(timeout=60)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            os.kill(pid, sig)
+        os.kill(pid, signal.SIGINT)
         time.sleep(0.2)
         assert calls.submit(0).result(timeout=60) == pid
+
+
+def test_a_child_that_dies_fails_the_calls_and_close_still_returns() -> None:
+    """A child killed mid-call (a crash, an operator's kill): the calls raise
+    BrokenProcessPool, and close ends the other child, whose large result nobody
+    reads any more, instead of waiting for it for ever."""
+    before = children()
+
+    def work(n: int) -> bytes:
+        time.sleep(0.5)
+        return bytes(n)
+
+    calls = ForkedCalls(work, 2)
+    pending = [calls.submit(8 << 20) for _ in range(2)]
+    time.sleep(0.1)
+    os.kill(sorted(children() - before)[0], signal.SIGKILL)
+    errors = [f.exception(timeout=60) for f in pending]
+    assert all(isinstance(e, BrokenProcessPool) for e in errors), errors
+    t0 = time.monotonic()
+    calls.close()
+    assert time.monotonic() - t0 < 20
+    assert not any(alive(p) for p in children() - before)

@@ -400,6 +400,23 @@ def test_a_failure_in_a_render_process_surfaces_typed_and_leaves_none_running(
 
 
 @pytest.mark.skipif(not forked.available(), reason="needs fork")
+@pytest.mark.parametrize("fork_safe", [True, False])
+def test_renders_go_to_processes_only_when_the_swapper_is_fork_safe(
+        fuser: FaceFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork_safe: bool) -> None:
+    """A swapper whose render runs ONNX Runtime (the ONNX swapper, the classic one
+    on the ONNX pixel backend) renders in threads: a session does not survive a
+    fork."""
+    swapper = fuser.swappers["classic"]
+    assert swapper.fork_safe  # OpenCV's pixels
+    monkeypatch.setattr(type(swapper), "fork_safe", property(lambda _: fork_safe))
+    before, seen = children(), []
+    VideoFuser(fuser).fuse_video(sample_paths[SOURCE], clips["motion"], tmp_path / "o.mp4",
+                                 progress=lambda *_: seen.append(len(children() - before)))
+    assert max(seen) == (2 if fork_safe else 0)
+
+
+@pytest.mark.skipif(not forked.available(), reason="needs fork")
 def test_frames_rendered_in_processes_give_the_clip_of_threads(
         video: VideoFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
         tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """``facefuse worker``: the process that runs fusion jobs from the queue.
 
 One Dramatiq worker thread per process (a fusion uses the cores through ONNX
-Runtime and the decode/fuse/encode threads of :mod:`facefuse.video.engine`), and
+Runtime and the decode/fuse/encode threads of :mod:`facefuse.video.engine`; a
+clip's frames render in two child processes it forks for the clip, which die
+with it: :mod:`facefuse.video.processes`), and
 it takes one message at a time (prefetch 1), so a queued job waits on the queue,
 where another worker (a new replica) can take it. Models load once, at start.
 

@@ -23,8 +23,8 @@ CLIP -o OUT``). Work is done once, not per frame:
   the per-frame state machine (cut test, tracking, detection, smoothing) runs in
   frame order, and each frame's faces are rendered ``threads`` frames at a time
   while the next frames are tracked, in forked child processes (``processes``,
-  the default where the platform forks: :mod:`facefuse.video.processes`) or in
-  threads; memory holds a window of frames, never the clip.
+  the default on Linux for a fork-safe swapper: :mod:`facefuse.video.processes`)
+  or in threads; memory holds a window of frames, never the clip.
 
 The renderer is whatever the :class:`~facefuse.fusion.engine.FaceFuser` has for
 ``options.swapper``; this module sees only its :class:`FaceLayer` s.
@@ -116,7 +116,9 @@ class VideoOptions:
         threads: frames rendered at once (the renders of frame ``n`` overlap the
             tracking of frame ``n + 1``; 1: one frame at a time).
         processes: render those frames in as many forked child processes rather
-            than in threads of this one (where the platform forks; else threads).
+            than in threads of this one (on Linux, when the swapper's render is
+            safe in a forked child: the classic swapper on OpenCV's pixels; else
+            threads).
             A render holds the GIL for about half its time: two threads used ~1.7
             of 2 cores (the 720p bench clip without codecs: 25 → 32 fps, the frames
             bit-identical).
@@ -636,10 +638,16 @@ class VideoFuser:
 def _render_pool(state: ClipFusion, options: VideoOptions
                  ) -> Iterator[Callable[[FramePlan], Future[list[FaceLayer]]]]:
     """``submit(plan)`` -> the future of ``state.render(plan)``, run ``options.threads``
-    at a time in forked children or in threads (:attr:`VideoOptions.processes`);
-    the pool is stopped on the way out (its pending renders dropped on an error)."""
-    if options.processes and forked.available():
-        with forked.ForkedCalls(state.render_faces, options.threads) as calls:
+    at a time in forked children (:attr:`VideoOptions.processes`, where the platform
+    forks and the swapper's render is safe in a forked child; threads if the fork
+    fails) or in threads; the pool is stopped on the way out (on an error, the
+    renders not yet started are dropped)."""
+    calls: forked.ForkedCalls | None = None
+    if options.processes and forked.available() and state.swapper.fork_safe:
+        with contextlib.suppress(OSError):  # out of memory or processes: threads
+            calls = forked.ForkedCalls(state.render_faces, options.threads)
+    if calls is not None:
+        with calls:
 
             def in_child(plan: FramePlan) -> Future[list[FaceLayer]]:
                 request = state.render_request(plan)

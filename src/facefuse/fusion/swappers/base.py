@@ -42,6 +42,12 @@ class Swapper(Protocol):
 
     name: str
 
+    @property
+    def fork_safe(self) -> bool:
+        """Whether :meth:`render` may run in a child forked from this process (no
+        ONNX Runtime session, GPU context or thread pool of the parent's in it)."""
+        ...
+
     def render(
         self,
         source_rgb: np.ndarray,

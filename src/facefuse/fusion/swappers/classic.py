@@ -384,6 +384,12 @@ class ClassicSwapper:
         self._reset_side()
         _SWAPPERS.add(self)
 
+    @property
+    def fork_safe(self) -> bool:
+        """With OpenCV's pixels only: the ONNX pixel backend runs ONNX Runtime
+        sessions, which do not survive a fork."""
+        return isinstance(self.pixels, OpenCVPixels)
+
     def _reset_side(self) -> None:
         """No side threads and a fresh lock: at start, and in a forked child (threads
         do not survive a fork; a lock held by one of them at the fork would stay

@@ -246,6 +246,11 @@ class OnnxSwapper:
         face = bg + np.float32(options.texture_weight) * (swapped - bg)
         return FaceLayer(region, face.astype(np.float32), mask.astype(np.float32), tgt_lm)
 
+    @property
+    def fork_safe(self) -> bool:
+        """Never: its model is an ONNX Runtime session (and may be on a GPU)."""
+        return False
+
     def carry(self, target_rgb: np.ndarray, target_face: Face, options: FuseOptions,
               source_face: Face | None = None) -> Carried | None:
         """None: the model sees the whole face on every frame."""
