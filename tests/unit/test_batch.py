@@ -167,10 +167,18 @@ def test_second_ctrl_c_stops_now_and_leaves_no_temporary(sample_paths, tmp_path:
     import subprocess
     import time
 
+    import cv2
+
     inbox, out = tmp_path / "in", tmp_path / "out"
     inbox.mkdir()
+    # Large targets (2048 px, PNG out): the images in flight take long enough to
+    # encode that the second Ctrl-C lands while they are written, not after the
+    # batch has finished them.
+    big = np.asarray(cv2.resize(decode_image(sample_paths["astronaut"]), (2048, 2048),
+                                interpolation=cv2.INTER_CUBIC), np.uint8)
+    data = encode_image(big, "png")
     for i in range(12):
-        shutil.copy(sample_paths["astronaut"], inbox / f"a{i:02d}.png")
+        (inbox / f"a{i:02d}.png").write_bytes(data)
     proc = subprocess.Popen(_cli(str(sample_paths["obama"]), "--targets", str(inbox),
                                  "--out-dir", str(out), "--format", "png", "--jobs", "2"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -179,7 +187,7 @@ def test_second_ctrl_c_stops_now_and_leaves_no_temporary(sample_paths, tmp_path:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.2)
+    time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr

@@ -13,7 +13,7 @@ from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_groups, openness
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.samples import SAMPLES
-from facefuse.toolchain.synthetic import squinting
+from facefuse.toolchain.synthetic import LIGHT_IRIS, light_irises, squinting
 from facefuse.toolchain.trials import Sample
 
 #: Degree 100 with the target's geometry: the output's eyes sit on the target's pixels.
@@ -91,6 +91,33 @@ def test_the_irises_take_the_sources_colour(fuser: FaceFuser,
     plain = _fuse(fuser, src, tgt, FuseOptions(degree=100.0, shape=0.0, texture=0.0))
     inside = _apertures(tgt.landmarks, tgt.image.shape)
     assert np.abs(plain[inside].astype(int) - tgt.image[inside]).max() <= 2
+
+
+@pytest.mark.parametrize("light", ["source", "target"])
+def test_light_eyes_on_dark_skin_are_read_and_take_and_give_their_colour(
+        fuser: FaceFuser, samples: dict[str, Sample], light: str) -> None:
+    """obama's irises painted light blue-grey (brighter than half his skin, which
+    the darkness rule alone took for lid or sclera): read as that colour, they give
+    it to the astronaut's brown eyes as a source, and take her brown as a target."""
+    dark = samples["obama"]
+    painted = Sample(light_irises(dark.image, dark.landmarks), dark.faces)
+
+    def chroma(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
+        m = eyes.iris_colour(image.astype(np.float32), lm)
+        assert m is not None
+        out: np.ndarray = m[0] / m[0].sum()
+        return out
+
+    c_light = chroma(painted.image, painted.landmarks)
+    want = np.array(LIGHT_IRIS) / sum(LIGHT_IRIS)
+    assert np.linalg.norm(c_light - want) < 0.03, c_light
+    src, tgt = ((painted, samples["astronaut"]) if light == "source"
+                else (samples["astronaut"], painted))
+    c_src, c_tgt = chroma(src.image, src.landmarks), chroma(tgt.image, tgt.landmarks)
+    out = _fuse(fuser, src, tgt, FULL_TEXTURE)
+    c_out = chroma(out, tgt.landmarks)
+    assert np.linalg.norm(c_out - c_src) < 0.5 * np.linalg.norm(c_tgt - c_src), (
+        c_src, c_tgt, c_out)
 
 
 def test_gains_are_none_without_an_iris_or_with_a_closed_eye(

@@ -33,6 +33,12 @@ MIN_SAMPLES = 12
 #: Annulus pixels at least this much darker than the skin under the eye (ratio of
 #: the channels' means) are iris: the lids, the sclera and the catchlights are brighter.
 IRIS_OF_SKIN = 0.5
+#: Where too few are (light eyes on dark skin: a blue or grey iris is brighter than
+#: half the skin), the annulus pixels whose chromaticity lies at least this far
+#: from the skin's (r, g, b shares; the lids are skin-coloured, a blue or grey iris
+#: is not) and whose luma is at most HIGHLIGHT_RAMP[1] times their median (the
+#: catchlights and the sclera are brighter) are the iris.
+LIGHT_IRIS_CHROMA = 0.06
 #: The skin under an eye that sets its light: (inset from the eye's left, from its
 #: right), (top, bottom) below its lower lid, in eye widths along its own axis; and
 #: the grid of points read there (along, below).
@@ -90,24 +96,41 @@ def _annulus(centre: np.ndarray, radius: float, size: tuple[int, int]
 
 
 def _iris_pixels(image: np.ndarray, landmarks: np.ndarray, eye: tuple[tuple[int, ...], ...],
-                 skin: np.ndarray) -> tuple[np.ndarray, int]:
+                 skin: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """One eye's iris pixels (K, 3) in ``image`` (h, w, 3): its annulus inside the
     lids' opening (the lid contour of ``eye`` = (contour, iris), filled over the
     annulus's box only: the same opening on both faces of a pair), the pixels
     darker than :data:`IRIS_OF_SKIN` × the ``skin`` colour's (3,) mean (a lid over
     the iris — a squint the landmarks do not follow —, the sclera, the catchlights
-    are brighter); and how many pixels of the annulus the opening shows."""
+    are brighter); the annulus's pixels the opening shows (M, 3), and how many."""
     contour, iris = eye
     centre, radius = _iris(landmarks, iris)
     lids = np.asarray(landmarks[list(contour), :2], np.float32)
     found = _annulus(centre, radius, (image.shape[1], image.shape[0]))
     if found is None or cv2.contourArea(lids) < MIN_OPEN * np.pi * radius * radius:
-        return np.zeros((0, 3), np.float32), 0
+        nothing = np.zeros((0, 3), np.float32)
+        return nothing, nothing, 0
     box, ring = found
     x0, y0, x1, y1 = box
     seen = ring & masks.inside_contour(landmarks, contour, box)
     pixels = image[y0:y1, x0:x1][seen]
-    return pixels[pixels.mean(1) < IRIS_OF_SKIN * float(skin.mean())], int(seen.sum())
+    return (pixels[pixels.mean(1) < IRIS_OF_SKIN * float(skin.mean())], pixels,
+            int(seen.sum()))
+
+
+def _light_iris(pixels: np.ndarray, skin: np.ndarray) -> np.ndarray:
+    """The iris among an annulus's open ``pixels`` (M, 3) by colour, not darkness
+    (:data:`LIGHT_IRIS_CHROMA`): those unlike the ``skin`` (3,) in chromaticity,
+    without the brightest (catchlights, sclera)."""
+    p = pixels.astype(np.float64)
+    share = (p + 1.0) / (p + 1.0).sum(1, keepdims=True)
+    own = (skin + 1.0) / float((skin + 1.0).sum())
+    iris: np.ndarray = p[np.linalg.norm(share - own, axis=1) >= LIGHT_IRIS_CHROMA]
+    if len(iris) == 0:
+        return iris.astype(np.float32)
+    luma = iris @ _LUMA
+    out: np.ndarray = iris[luma <= HIGHLIGHT_RAMP[1] * float(np.median(luma))]
+    return out.astype(np.float32)
 
 
 def _under_eye(image: np.ndarray, landmarks: np.ndarray, contour: tuple[int, ...]
@@ -141,7 +164,9 @@ def iris_colour(image: np.ndarray, landmarks: np.ndarray
     pixels pooled, :func:`_iris_pixels`: one colour, so the two eyes never differ)
     and of the skin under its eyes, in ``image`` (h, w, 3) with its ``landmarks``
     (478 points, at the image's own resolution: a small working copy leaves an
-    iris a few pixels wide). None where fewer than :data:`MIN_SAMPLES` iris pixels,
+    iris a few pixels wide); the iris read by darkness, or where too few pixels are
+    dark enough (a light iris on dark skin), by colour (:func:`_light_iris`).
+    None where fewer than :data:`MIN_SAMPLES` iris pixels,
     or fewer than :data:`MIN_SEEN` of the annuli's open pixels, are seen (closed or
     squinting eyes), or the skin is off the image."""
     if len(landmarks) < 478:
@@ -152,10 +177,14 @@ def iris_colour(image: np.ndarray, landmarks: np.ndarray
         return None
     skin = median(under, axis=0)
     found = [_iris_pixels(image, landmarks, eye, skin) for eye in groups]
-    pixels = np.concatenate([p for p, _ in found])
-    seen = sum(n for _, n in found)
-    if len(pixels) < max(MIN_SAMPLES, MIN_SEEN * seen):
-        return None
+    pixels = np.concatenate([p for p, _, _ in found])
+    seen = sum(n for _, _, n in found)
+    enough = max(MIN_SAMPLES, MIN_SEEN * seen)
+    if len(pixels) < enough:
+        # Light eyes on dark skin: too few are darker than the skin's half.
+        pixels = _light_iris(np.concatenate([a for _, a, _ in found]), skin)
+        if len(pixels) < enough:
+            return None
     return median(pixels, axis=0), skin
 
 

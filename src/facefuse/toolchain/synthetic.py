@@ -24,7 +24,8 @@ import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
-from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.geometry import eye_distance, eye_groups
+from facefuse.fusion.mask import eyes_mask
 
 #: The photo variants of :func:`variant`.
 VARIANTS = ("native", "mirrored", "tilt+12", "tilt-12", "relit")
@@ -390,6 +391,38 @@ def squinting(image: np.ndarray, landmarks: np.ndarray, closure: float = 0.6) ->
     out: np.ndarray = cv2.remap(image, xx, yy - dy, cv2.INTER_CUBIC,
                                 borderMode=cv2.BORDER_REFLECT_101)
     return out
+
+
+#: A light blue-grey iris (RGB at the iris's median luma).
+LIGHT_IRIS = (120.0, 150.0, 175.0)
+
+
+def light_irises(image: np.ndarray, landmarks: np.ndarray,
+                 colour: tuple[float, float, float] = LIGHT_IRIS) -> np.ndarray:
+    """``image`` (H, W, 3) uint8 with the irises of the face ``landmarks`` (478, 3)
+    recoloured ``colour``: each pixel of the iris (0.35-0.95 of its radius, inside
+    the lids) takes the colour scaled by its own luma over the iris's median, so
+    the iris keeps its texture; the pupil and the catchlights (1.4 times the
+    median and brighter) keep theirs."""
+    out = image.astype(np.float32)
+    h, w = image.shape[:2]
+    yy, xx = np.mgrid[0:h, 0:w]
+    inside = eyes_mask(landmarks, (0, 0, w, h)) > 0.5
+    for _, iris in eye_groups(landmarks):
+        c = landmarks[iris[0], :2]
+        r = float(np.linalg.norm(landmarks[list(iris[1:]), :2] - c, axis=1).mean())
+        d = np.hypot(xx - c[0], yy - c[1])
+        ring = (d > 0.35 * r) & (d < 0.95 * r) & inside
+        if not ring.any():
+            continue
+        px = out[ring]
+        luma = px @ np.array([0.299, 0.587, 0.114], np.float32)
+        rel = luma / max(1.0, float(np.median(luma)))
+        keep = rel < 1.4
+        px[keep] = np.array(colour, np.float32)[None] * rel[keep, None]
+        out[ring] = px
+    painted: np.ndarray = np.clip(out + 0.5, 0, 255).astype(np.uint8)
+    return painted
 
 
 def variant(image: np.ndarray, name: str) -> np.ndarray:
