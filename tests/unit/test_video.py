@@ -561,3 +561,18 @@ def test_overlapping_regions_are_found() -> None:
     assert _overlapping(plan(70.0)) and not _overlapping(plan(400.0))
     one: Any = SimpleNamespace(targets=plan(70.0).targets[:1], rgb=None)
     assert not _overlapping(one)
+
+
+@pytest.mark.parametrize("error", [OSError(12, "Cannot allocate memory"),
+                                   NotImplementedError("no named semaphores")])
+def test_a_clip_renders_in_threads_when_processes_cannot_start(
+        video: VideoFuser, clips: dict[str, Path], sample_paths: dict[str, Path],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    """A fork that fails (out of memory or processes) or a host without named
+    semaphores (no /dev/shm in a container) leaves the clip to the threads."""
+    def refuse(*_: Any, **__: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(forked, "ForkedCalls", refuse)
+    report = video.fuse_video(sample_paths[SOURCE], clips["motion"], tmp_path / "o.mp4")
+    assert report.fused_frames == 16

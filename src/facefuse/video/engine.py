@@ -644,7 +644,8 @@ def _render_pool(state: ClipFusion, options: VideoOptions
     renders not yet started are dropped)."""
     calls: forked.ForkedCalls | None = None
     if options.processes and forked.available() and state.swapper.fork_safe:
-        with contextlib.suppress(OSError):  # out of memory or processes: threads
+        # Out of memory or processes, or no named semaphores (no /dev/shm): threads.
+        with contextlib.suppress(OSError, NotImplementedError):
             calls = forked.ForkedCalls(state.render_faces, options.threads)
     if calls is not None:
         with calls:

@@ -102,7 +102,9 @@ class ForkedCalls:
 
     Raises:
         RuntimeError: not :func:`available` here.
-        OSError: the fork failed (out of memory or processes).
+        OSError: the fork failed (out of memory or processes), or the pool's
+            semaphores could not be made (no ``/dev/shm``).
+        NotImplementedError: this system has no named semaphores.
     """
 
     def __init__(self, fn: Callable[..., Any], workers: int) -> None:
