@@ -762,9 +762,9 @@ def section(result: dict[str, Any]) -> list[str]:
               "only for a face no track covers; the frames rendered at a 72-px working "
               "eye distance (a photo's: 80); "
               "no per-frame evaluation; the faces' "
-              "boxes alone converted back to YUV. Frames are rendered two at a time while "
-              "the next is tracked. What remains is the target side of the render, which "
-              "both do on every frame."]
+              "boxes alone converted back to YUV. Frames are rendered two at a time, in two "
+              "forked processes, while the next is tracked. What remains is the target side "
+              "of the render, which both do on every frame."]
     return lines
 
 
