@@ -59,7 +59,7 @@ GAIN_RANGE = (0.4, 2.5)
 HIGHLIGHT_RAMP = (1.15, 1.6)
 
 
-def _iris(landmarks: np.ndarray, iris: tuple[int, ...]) -> tuple[np.ndarray, float]:
+def iris_circle(landmarks: np.ndarray, iris: tuple[int, ...]) -> tuple[np.ndarray, float]:
     """(centre (2,), radius px) of an iris from its five landmarks (centre first)."""
     centre = landmarks[iris[0], :2]
     radius = float(np.linalg.norm(landmarks[list(iris[1:]), :2] - centre, axis=1).mean())
@@ -104,7 +104,7 @@ def _iris_pixels(image: np.ndarray, landmarks: np.ndarray, eye: tuple[tuple[int,
     the iris — a squint the landmarks do not follow —, the sclera, the catchlights
     are brighter); the annulus's pixels the opening shows (M, 3), and how many."""
     contour, iris = eye
-    centre, radius = _iris(landmarks, iris)
+    centre, radius = iris_circle(landmarks, iris)
     lids = np.asarray(landmarks[list(contour), :2], np.float32)
     found = _annulus(centre, radius, (image.shape[1], image.shape[0]))
     if found is None or cv2.contourArea(lids) < MIN_OPEN * np.pi * radius * radius:
@@ -233,7 +233,7 @@ def recolour_irises(layer: np.ndarray, dst: np.ndarray, gains: list[np.ndarray |
     if weight <= 0.0 or len(dst) < 478 or all(g is None for g in gains):
         return
     h, w = layer.shape[:2]
-    irises = [(_iris(dst, iris), gain) for (_, iris), gain in zip(eye_groups(dst), gains,
+    irises = [(iris_circle(dst, iris), gain) for (_, iris), gain in zip(eye_groups(dst), gains,
                                                                  strict=True)
               if gain is not None]
     # One box over both irises: the lids' openings are drawn once.

@@ -16,12 +16,12 @@ where it can be, and judged as a region:
   to the upper face's) — shading is darker but smooth and more saturated, hair
   is textured and less so —, or that are a little of both greyer and more
   textured (fair hair over dark skin, half of the skin showing through, is
-  neither much greyer nor darker than the skin). The pixels are closed into regions (hair is strands
-  with skin between); only regions that cover a good part of the philtrum or
-  the chin's middle, on both sides of the midline, are facial hair (it grows
-  there, on both sides; a smile fold or a shaded jaw lies on one, and the
-  shadow under the nose is too small), and all of them together must exceed
-  :data:`MIN_HAIR_AREA` of the face. Only the lower face's box is examined, at
+  neither much greyer nor darker than the skin). The pixels are closed into
+  regions (hair is strands with skin between); only regions that cover a good
+  part of the philtrum or the chin's middle, on both sides of the midline, are
+  facial hair (it grows there, on both sides; a smile fold or a shaded jaw lies
+  on one, and the shadow under the nose is too small), and all of them together
+  must exceed :data:`MIN_HAIR_AREA` of the face. Only the lower face's box is examined, at
   no more than :data:`HAIR_EYE_PX`.
 * **Glasses** (:func:`glasses_mask`): thin dark ridges (a morphological
   black-hat, wider than a frame and narrower than a brow) in a ring around each

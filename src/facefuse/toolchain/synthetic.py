@@ -24,6 +24,8 @@ import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
+from facefuse.fusion.detail import LUMA
+from facefuse.fusion.eyes import iris_circle
 from facefuse.fusion.geometry import eye_distance, eye_groups
 from facefuse.fusion.mask import eyes_mask
 
@@ -409,14 +411,13 @@ def light_irises(image: np.ndarray, landmarks: np.ndarray,
     yy, xx = np.mgrid[0:h, 0:w]
     inside = eyes_mask(landmarks, (0, 0, w, h)) > 0.5
     for _, iris in eye_groups(landmarks):
-        c = landmarks[iris[0], :2]
-        r = float(np.linalg.norm(landmarks[list(iris[1:]), :2] - c, axis=1).mean())
+        c, r = iris_circle(landmarks, iris)
         d = np.hypot(xx - c[0], yy - c[1])
         ring = (d > 0.35 * r) & (d < 0.95 * r) & inside
         if not ring.any():
             continue
         px = out[ring]
-        luma = px @ np.array([0.299, 0.587, 0.114], np.float32)
+        luma = px @ LUMA
         rel = luma / max(1.0, float(np.median(luma)))
         keep = rel < 1.4
         px[keep] = np.array(colour, np.float32)[None] * rel[keep, None]

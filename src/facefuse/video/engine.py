@@ -118,10 +118,9 @@ class VideoOptions:
         processes: render those frames in as many forked child processes rather
             than in threads of this one (on Linux, when the swapper's render is
             safe in a forked child: the classic swapper on OpenCV's pixels; else
-            threads).
-            A render holds the GIL for about half its time: two threads used ~1.7
-            of 2 cores (the 720p bench clip without codecs: 25 → 32 fps, the frames
-            bit-identical).
+            threads). A render holds the GIL for about half its time: two threads
+            used ~1.7 of 2 cores (the 720p bench clip without codecs: 25 → 32 fps,
+            the frames bit-identical).
         iris_every: between detections, the iris model runs on a tracked face every
             this many frames (1: every frame); on the frames between, the last
             frame's irises and eye contours move with the eyes, unless an eye moved
