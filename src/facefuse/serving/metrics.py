@@ -8,11 +8,13 @@ Exported series (names operators already know from Triton / Ray Serve):
 
 * ``facefuse_http_requests_total{route,method,status}`` — requests answered
 * ``facefuse_http_request_duration_seconds{route,method,status}`` — latency histogram
+* ``facefuse_http_requests_in_flight`` — ``/v1/*`` requests accepted and not yet
+  answered, all workers: the HPA signal
 * ``facefuse_stage_duration_seconds{stage}`` — decode, detect, mesh, embed, fuse, encode
 * ``facefuse_batch_size{model}`` — items per model call (histogram)
 * ``facefuse_queue_wait_seconds{model}`` — submit -> batch start, per item
 * ``facefuse_queue_depth_per_model{model}`` — items queued now, per model
-* ``facefuse_queue_depth`` — items queued now, all models: the HPA signal
+* ``facefuse_queue_depth`` — items queued now, all models
 * ``facefuse_cache_requests_total{level,result}`` — level l1|l2, result hit|miss
 * ``facefuse_cache_evictions_total{level}`` — LRU evictions (l2 in Redis: 0, Redis evicts)
 * ``facefuse_cache_hit_ratio{level}`` — hits / lookups since start
@@ -235,6 +237,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.in_flight = Gauge(
+            "facefuse_http_requests_in_flight",
+            "/v1/* requests accepted and not yet answered: scale out on this.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.stage_duration = Histogram(
             "facefuse_stage_duration_seconds",
             "Time spent per pipeline stage (decode, detect, mesh, embed, fuse, encode).",
@@ -265,7 +273,7 @@ class Metrics:
         )
         self.queue_depth = Gauge(
             "facefuse_queue_depth",
-            "Items queued (not yet started) over all models: scale out on this.",
+            "Items queued (not yet started) over all models.",
             registry=r,
             multiprocess_mode="livesum",
         )

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prometheus_client import Gauge
 from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,8 +66,7 @@ class RequestContextMiddleware:
         self.inflight = 0
         #: The app's path templates, for requests refused before routing (built once).
         self._paths: list[tuple[re.Pattern[str], str]] | None = None
-        self.gauge = Gauge("facefuse_http_requests_in_flight",
-                           "Requests being processed now.", registry=services.metrics.registry)
+        self.gauge = services.metrics.in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
