@@ -50,16 +50,22 @@ def test_soften_stays_within_a_pixel_of_the_openings() -> None:
 
 def test_a_face_seen_from_below_keeps_its_dark_nostrils(
         fuser: FaceFuser, samples: dict[str, Sample]) -> None:
-    """Fused from the frontal astronaut, obama3's nose keeps its openings: the output
-    read on the fused mesh shows about as much of them as the target itself; onto
-    biden, about frontal too, biden's openings are not kept."""
-    s, t = samples["astronaut"], samples["obama3"]
-    r = fuser.fuse_faces(s.image, s.faces[0], t.image, t.faces, [0],
-                         FuseOptions(degree=100, evaluate=False))
-    mesh = r.fused[0].landmarks
-    assert mesh is not None
-    out, own = _area(r.image, mesh), _area(t.image, t.landmarks)
-    assert out >= 0.6 * own, (out, own)
+    """Fused from the frontal astronaut or obama, obama3's nose keeps its openings,
+    long slits and all: the output read on the fused mesh (the source's smaller
+    nose) shows at least half as much of them as the target itself (a search disc
+    about each nostril's midpoint kept 0.41 of them from either source, as dots);
+    onto biden, about frontal too, biden's openings are not kept."""
+    t = samples["obama3"]
+    own = _area(t.image, t.landmarks)
+    for name in ("astronaut", "obama"):
+        s = samples[name]
+        r = fuser.fuse_faces(s.image, s.faces[0], t.image, t.faces, [0],
+                             FuseOptions(degree=100, evaluate=False))
+        mesh = r.fused[0].landmarks
+        assert mesh is not None
+        out = _area(r.image, mesh)
+        assert out >= 0.5 * own, (name, out, own)
+    s = samples["astronaut"]
     b = samples["biden"]
     r = fuser.fuse_faces(s.image, s.faces[0], b.image, b.faces, [0],
                          FuseOptions(degree=100, evaluate=False))
