@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
@@ -35,6 +36,9 @@ from facefuse.faces.align import similarity_transform
 from facefuse.faces.landmarker import MESH_POINTS
 from facefuse.fusion.geometry import eye_distance
 from facefuse.imaging.warp import MIN_AREA2, doubled_areas
+
+if TYPE_CHECKING:
+    from facefuse.fusion.eyes import IrisReading
 
 __all__ = ["MAX_RESIDUAL", "MAX_SCALE_CHANGE", "Carried"]
 
@@ -57,7 +61,7 @@ class Carried:
             working renders resize).
         points: (468, 2) float64 image pixels, the face's mesh when found (the
             similarity is fitted to its dense points).
-        iris: the face's iris and under-eye colours
+        iris: the face's iris, under-eye and eye-white colours
             (:func:`facefuse.fusion.eyes.iris_colour`), or None.
         cut: the face's neighbourhood reached past the image's edge when found (a
             face entering the frame): what lay beyond was not seen, so the next
@@ -70,7 +74,7 @@ class Carried:
     box: tuple[int, int, int, int]
     ratio: tuple[float, float]
     points: np.ndarray
-    iris: tuple[np.ndarray, np.ndarray] | None
+    iris: IrisReading | None
     cut: bool = False
     triangles: np.ndarray | None = None
 

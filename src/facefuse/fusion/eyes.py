@@ -14,6 +14,8 @@ float32 0-255 in the frame of those landmarks.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cv2
 import numpy as np
 
@@ -53,10 +55,30 @@ MIN_OPEN = 0.15
 _LUMA = LUMA.astype(np.float64)
 #: Bounds of the iris's luma gain (a light iris made dark, a dark one light).
 GAIN_RANGE = (0.4, 2.5)
+#: The eye white is read in the lids' opening beyond this many iris radii from the
+#: iris's centre (clear of the limbus), on its pixels between these percentiles of
+#: luma (above the lashes' and the corners' shadow, below the catchlights).
+SCLERA_BEYOND = 1.15
+SCLERA_PERCENTILES = (60.0, 97.0)
+#: Bounds of the light-colour correction per channel (the ratio of the two faces'
+#: eye-white chromaticities): the eye white is the same tissue on every face, so
+#: what differs between two photos' is mostly their light (a scan's yellow cast, a
+#: warm lamp); beyond these the whites themselves differ (a red eye, a shadow).
+LIGHT_COLOUR_RANGE = (0.85, 1.18)
 #: Pixels this many times brighter than the iris's median are not iris (its
 #: catchlights, or the sclera where the landmarks' disc overshoots the limbus):
 #: they keep their own colour (ramp from the first to the second factor).
 HIGHLIGHT_RAMP = (1.15, 1.6)
+
+
+class IrisReading(NamedTuple):
+    """A face's eye colours, as read by :func:`iris_colour`: medians (3,) float64 of
+    its irises, of the skin under its eyes and of its eye whites (None where too
+    few of those show)."""
+
+    iris: np.ndarray
+    skin: np.ndarray
+    sclera: np.ndarray | None
 
 
 def iris_circle(landmarks: np.ndarray, iris: tuple[int, ...]) -> tuple[np.ndarray, float]:
@@ -133,6 +155,41 @@ def _light_iris(pixels: np.ndarray, skin: np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
+def _sclera_pixels(image: np.ndarray, landmarks: np.ndarray,
+                   eye: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """One eye's white (K, 3): the pixels of its lids' opening (the contour of
+    ``eye`` = (contour, iris)) beyond :data:`SCLERA_BEYOND` iris radii from the
+    iris's centre, on the image."""
+    contour, iris = eye
+    centre, radius = iris_circle(landmarks, iris)
+    pts = np.asarray(landmarks[list(contour), :2], np.float64)
+    h, w = image.shape[:2]
+    x0, y0 = (max(0, int(np.floor(v))) for v in pts.min(0))
+    x1, y1 = min(w, int(np.ceil(pts[:, 0].max())) + 1), min(h, int(np.ceil(pts[:, 1].max())) + 1)
+    if x1 <= x0 or y1 <= y0:
+        return np.zeros((0, 3), np.float32)
+    opening = masks.inside_contour(landmarks, contour, (x0, y0, x1, y1))
+    beyond = _distance((y1 - y0, x1 - x0), centre - np.array([x0, y0])) > SCLERA_BEYOND * radius
+    out: np.ndarray = image[y0:y1, x0:x1][opening & beyond]
+    return out
+
+
+def _sclera(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray | None:
+    """The median colour (3,) of both eye whites (:func:`_sclera_pixels`, between
+    :data:`SCLERA_PERCENTILES` of luma), None where fewer than :data:`MIN_SAMPLES`
+    pixels show."""
+    pixels = np.concatenate([_sclera_pixels(image, landmarks, eye)
+                             for eye in eye_groups(landmarks)]).astype(np.float64)
+    if len(pixels) < MIN_SAMPLES:
+        return None
+    luma = pixels @ _LUMA
+    lo, hi = np.percentile(luma, SCLERA_PERCENTILES)
+    white = pixels[(luma >= lo) & (luma <= hi)]
+    if len(white) < MIN_SAMPLES:
+        return None
+    return np.asarray(median(white, axis=0))
+
+
 def _under_eye(image: np.ndarray, landmarks: np.ndarray, contour: tuple[int, ...]
                ) -> np.ndarray:
     """Pixels (K, 3) of the skin under an eye: a grid over :data:`UNDER_EYE` (in eye
@@ -158,11 +215,11 @@ def _under_eye(image: np.ndarray, landmarks: np.ndarray, contour: tuple[int, ...
     return out
 
 
-def iris_colour(image: np.ndarray, landmarks: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(iris, skin)``: the median colours (3,) of a face's irises (both eyes'
-    pixels pooled, :func:`_iris_pixels`: one colour, so the two eyes never differ)
-    and of the skin under its eyes, in ``image`` (h, w, 3) with its ``landmarks``
+def iris_colour(image: np.ndarray, landmarks: np.ndarray) -> IrisReading | None:
+    """The median colours (3,) of a face's irises (both eyes' pixels pooled,
+    :func:`_iris_pixels`: one colour, so the two eyes never differ), of the skin
+    under its eyes and of its eye whites (:func:`_sclera`), in ``image`` (h, w, 3)
+    with its ``landmarks``
     (478 points, at the image's own resolution: a small working copy leaves an
     iris a few pixels wide); the iris read by darkness, or where too few pixels are
     dark enough (a light iris on dark skin), by colour (:func:`_light_iris`).
@@ -185,11 +242,23 @@ def iris_colour(image: np.ndarray, landmarks: np.ndarray
         pixels = _light_iris(np.concatenate([a for _, a, _ in found]), skin)
         if len(pixels) < enough:
             return None
-    return median(pixels, axis=0), skin
+    return IrisReading(median(pixels, axis=0), skin, _sclera(image, landmarks))
 
 
-def iris_gains(src: tuple[np.ndarray, np.ndarray] | None,
-               tgt: tuple[np.ndarray, np.ndarray] | None) -> list[np.ndarray | None]:
+def light_colour(src: np.ndarray | None, tgt: np.ndarray | None) -> np.ndarray:
+    """(3,) float64: what a colour seen in the source's light is multiplied by to be
+    seen in the target's — the ratio of the eye whites' (``src``, ``tgt`` (3,) or
+    None) chromaticities (each colour over its luma), per channel within
+    :data:`LIGHT_COLOUR_RANGE`; ones where either white is unknown."""
+    if src is None or tgt is None:
+        return np.ones(3)
+    s, t = src + 1.0, tgt + 1.0
+    ratio = (t / float(t @ _LUMA)) / (s / float(s @ _LUMA))
+    out: np.ndarray = np.clip(ratio, *LIGHT_COLOUR_RANGE)
+    return out
+
+
+def iris_gains(src: IrisReading | None, tgt: IrisReading | None) -> list[np.ndarray | None]:
     """Per eye (image-left, image-right), the colour (3,) an iris pixel of the target
     takes per unit of its own luma (None: not measurable, keep the target's); the
     same for both eyes.
@@ -201,19 +270,23 @@ def iris_gains(src: tuple[np.ndarray, np.ndarray] | None,
     mesh). The colour is the source iris's chromaticity (``src_iris /
     Y(src_iris)``) times a luma gain ``Y(src_iris) / Y(tgt_iris) · Y(tgt_skin) /
     Y(src_skin)`` bounded to :data:`GAIN_RANGE`: the source's iris in the target's
-    light (the skins' luma under the eyes), its hue its own. (Multiplying the
-    target's channels by the source's over the target's, or the skins' ratio per
-    channel, turned a dark source's brown iris navy on a fair target's amber one.)
+    light (the skins' luma under the eyes), its hue its own but for the two
+    photos' light colour (:func:`light_colour`, read on the eye whites: a scanned
+    photo's yellow cast made amber eyes olive on a neutral photo). (Multiplying
+    the target's channels by the source's over the target's, or the skins' ratio
+    per channel, turned a dark source's brown iris navy on a fair target's amber
+    one: skins differ in their own colour, eye whites little.)
     """
     if src is None or tgt is None:
         return [None, None]
-    (iris_src, skin_src), (iris_tgt, skin_tgt) = src, tgt
-    light = (float(skin_tgt @ _LUMA) + 1.0) / (float(skin_src @ _LUMA) + 1.0)
-    colour = iris_src + 1.0
+    light = (float(tgt.skin @ _LUMA) + 1.0) / (float(src.skin @ _LUMA) + 1.0)
+    colour = src.iris + 1.0
+    adapted = colour * light_colour(src.sclera, tgt.sclera)
+    colour = adapted * (float(colour @ _LUMA) / float(adapted @ _LUMA))
     # No iris is magenta (green below both red and blue): a photo's tinted light
     # makes one so (obama3's read [42, 27, 34]); green is raised to the lower.
     colour[1] = max(colour[1], min(colour[0], colour[2]))
-    y_src, y_tgt = float(colour @ _LUMA), float(iris_tgt @ _LUMA) + 1.0
+    y_src, y_tgt = float(colour @ _LUMA), float(tgt.iris @ _LUMA) + 1.0
     gain = float(np.clip(y_src * light / y_tgt, *GAIN_RANGE))
     out = (colour / y_src * gain).astype(np.float32)
     return [out, out]

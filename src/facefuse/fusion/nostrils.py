@@ -6,11 +6,11 @@ source seen from further above has no pixels for them — fused, the nose of a
 face seen from below came out as a smooth, flat wedge. The openings are read on
 the target's own pixels warped onto the fused mesh (:func:`openings`): inside an
 ellipse along each nostril (from the nose base to the wing, raised towards the
-tip), the pixels much darker than the nose's own skin around the ellipses. They are kept as far as the
-target is seen from further below than the source (:func:`pose_share`) and shows
-more of them (:func:`lacking`): between two faces in about the same pose the
-nostrils are the source's, its nose's shape (keeping them anyway cost up to
-0.034 of the recogniser's similarity to the source).
+tip), the pixels much darker than the nose's own skin around the ellipses. They
+are kept as far as the target is seen from further below than the source
+(:func:`pose_share`) and shows more of them (:func:`lacking`): between two faces
+in about the same pose the nostrils are the source's, its nose's shape (keeping
+them anyway cost up to 0.034 of the recogniser's similarity to the source).
 """
 
 from __future__ import annotations
