@@ -208,8 +208,8 @@ def report(res: dict[str, Any]) -> str:
         f"base commit `{res['base']}` and this checkout `{res['head']}` served side by side "
         "(same venv, embedded defaults, batching on), closed-loop "
         f"`POST /v1/fuse` of distinct {inputs_phrase(res)} (degree 80, JPEG out, each "
-        "side's default for `similarity`: on before the recogniser left the default path, "
-        f"off after). Latency and throughput are medians of {res['rounds']} "
+        "side's default for `similarity`: off since the recogniser left the default path). "
+        f"Latency and throughput are medians of {res['rounds']} "
         "interleaved rounds; peak RSS is the server's VmHWM after the 32-client level; "
         "the 2 cores are shared with the load generator and with other work.",
         "",
