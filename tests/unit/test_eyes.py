@@ -133,14 +133,18 @@ def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
         image = face.image.astype(np.float32)
         found = eyes.iris_colour(image, face.landmarks)
         gains = eyes.iris_gains(found, found)
-        # Against itself: the irises' own hue (never magenta: green raised to the
-        # lower of red and blue), at a luma gain of 1 where the hue is their own;
-        # one colour for both eyes.
+        # Against itself: the irises' own hue (never magenta: a reddish reading's
+        # blue lowered to its green, a bluish one's green raised to its red), at a
+        # luma gain of 1 where the hue is their own; one colour for both eyes.
         assert found is not None and gains[0] is not None, name
         assert gains[1] is not None and np.array_equal(gains[0], gains[1])
         own = found[0] + 1.0
         hue = own.copy()
-        hue[1] = max(hue[1], min(hue[0], hue[2]))
+        if hue[1] < min(hue[0], hue[2]):
+            if hue[0] >= hue[2]:
+                hue[2] = hue[1]
+            else:
+                hue[1] = hue[0]
         assert np.allclose(gains[0] / gains[0].sum(), hue / hue.sum()), name
         if np.array_equal(hue, own):
             assert gains[0] @ np.array([0.299, 0.587, 0.114]) == pytest.approx(1.0, abs=1e-5)
@@ -151,3 +155,27 @@ def test_gains_are_none_without_an_iris_or_with_a_closed_eye(
     image = samples["biden"].image.astype(np.float32)
     assert eyes.iris_gains(eyes.iris_colour(image, shut), eyes.iris_colour(image, shut)) == [
         None, None]
+
+
+def test_the_photos_light_colour_is_read_on_the_eye_whites(
+        samples: dict[str, Sample]) -> None:
+    """The eye whites are found on every sample; the same white gives no change, a
+    yellow cast (blue halved) on the source's white is taken out within its bound,
+    and without a white nothing moves. obama3's irises read magenta in its reddish
+    light: its colour given to another face is brown (red over green over blue),
+    not the cool grey that raising green made of it."""
+    for name in SAMPLES:
+        found = eyes.iris_colour(samples[name].image.astype(np.float32), samples[name].landmarks)
+        assert found is not None and found.sclera is not None, name
+        assert found.sclera.min() > found.iris.max(), name  # whites brighter than irises
+    white = np.array([200.0, 190.0, 180.0])
+    assert np.allclose(eyes.light_colour(white, white), 1.0)
+    cast = eyes.light_colour(white * np.array([1.0, 1.0, 0.5]), white)
+    assert cast[2] == eyes.LIGHT_COLOUR_RANGE[1] and cast[0] < 1.0 and cast[1] < 1.0
+    assert np.array_equal(eyes.light_colour(None, white), np.ones(3))
+    o3, astro = (eyes.iris_colour(samples[n].image.astype(np.float32), samples[n].landmarks)
+                 for n in ("obama3", "astronaut"))
+    assert o3 is not None and astro is not None
+    assert o3.iris[1] < min(o3.iris[0], o3.iris[2]) and o3.iris[0] > o3.iris[2]
+    gain = eyes.iris_gains(o3, astro)[0]
+    assert gain is not None and gain[0] > gain[1] >= gain[2], gain

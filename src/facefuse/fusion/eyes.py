@@ -281,11 +281,18 @@ def iris_gains(src: IrisReading | None, tgt: IrisReading | None) -> list[np.ndar
         return [None, None]
     light = (float(tgt.skin @ _LUMA) + 1.0) / (float(src.skin @ _LUMA) + 1.0)
     colour = src.iris + 1.0
+    # No iris is magenta (green below both red and blue): a photo's tinted light
+    # makes one so (obama3's brown eyes read [36, 23.5, 31]). Read in the source's
+    # own light: a reddish one is brown (blue lowered to green), a bluish one grey
+    # or blue (green raised to red). (Raising green always turned obama3's brown a
+    # cool grey, which a neutral target's light then showed blue-grey.)
+    if colour[1] < min(colour[0], colour[2]):
+        if colour[0] >= colour[2]:
+            colour[2] = colour[1]
+        else:
+            colour[1] = colour[0]
     adapted = colour * light_colour(src.sclera, tgt.sclera)
     colour = adapted * (float(colour @ _LUMA) / float(adapted @ _LUMA))
-    # No iris is magenta (green below both red and blue): a photo's tinted light
-    # makes one so (obama3's read [42, 27, 34]); green is raised to the lower.
-    colour[1] = max(colour[1], min(colour[0], colour[2]))
     y_src, y_tgt = float(colour @ _LUMA), float(tgt.iris @ _LUMA) + 1.0
     gain = float(np.clip(y_src * light / y_tgt, *GAIN_RANGE))
     out = (colour / y_src * gain).astype(np.float32)
