@@ -128,7 +128,8 @@ class Settings:
     #: Of those, requests decoded and in the pipeline at once; the others wait their
     #: turn holding only their upload (bounds memory). Four keep two inference and
     #: two CPU workers busy on 2 cores: on a quiet host 4 instead of 8 lowered the
-    #: peak RSS after 32 clients by 55-75 MB at equal or higher req/s.
+    #: peak RSS after 32 clients by 39-61 MB (VmHWM; anonymous 61-84 MB) at req/s
+    #: within 3 % either way.
     max_active: int = 4
     #: Per-request deadline, seconds (504 when passed); clients may ask for less.
     request_timeout_s: float = 30.0

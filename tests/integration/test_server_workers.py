@@ -28,6 +28,7 @@ def test_metrics_are_the_sum_over_workers(
             values = metric_values(text, "facefuse_http_requests_total")
             counts.append(sum(v for k, v in values.items()
                               if 'route="/healthz"' in k and 'status="200"' in k))
-            queue = metric_values(text, "facefuse_queue_depth")
-            assert queue == {"": 0.0}  # a live sum over the workers, not one per worker
+            # Live sums over the workers, not one series per worker.
+            assert metric_values(text, "facefuse_queue_depth") == {"": 0.0}
+            assert metric_values(text, "facefuse_http_requests_in_flight") == {"": 0.0}
     assert counts == [float(REQUESTS)] * SCRAPES

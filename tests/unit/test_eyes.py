@@ -179,3 +179,17 @@ def test_the_photos_light_colour_is_read_on_the_eye_whites(
     assert o3.iris[1] < min(o3.iris[0], o3.iris[2]) and o3.iris[0] > o3.iris[2]
     gain = eyes.iris_gains(o3, astro)[0]
     assert gain is not None and gain[0] > gain[1] >= gain[2], gain
+
+
+def test_a_magenta_reading_is_brown_in_reddish_light_and_grey_in_bluish() -> None:
+    """Green below red and blue is no iris colour: red the larger, blue comes down
+    to green (brown); blue the larger, green goes up to red (grey-blue). The same
+    readings on both sides (one light) leave the hue as fixed."""
+    skin = np.array([150.0, 100.0, 80.0])
+    white = np.array([200.0, 180.0, 170.0])
+    reddish = eyes.IrisReading(np.array([39.0, 24.0, 31.0]), skin, white)
+    bluish = eyes.IrisReading(np.array([29.0, 24.0, 39.0]), skin, white)
+    for reading, want in ((reddish, [40.0, 25.0, 25.0]), (bluish, [30.0, 30.0, 40.0])):
+        gain = eyes.iris_gains(reading, reading)[0]
+        assert gain is not None
+        assert np.allclose(gain / gain.sum(), np.array(want) / sum(want), atol=1e-6), gain

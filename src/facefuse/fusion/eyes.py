@@ -4,9 +4,10 @@ Inside the lid contours the layer is the target's (its opening, gaze, catchlight
 and lashes are expression and scene, and a squinting or side-glancing source
 squeezed into the target's opening reads as a cloudy, wandering eye). What the
 source gives there is the colour of its irises: its hue at the target iris's own
-luma texture, with one luma gain for the two faces' light (each face's irises read
-at full resolution in its own image, both eyes pooled), applied at the layer's own
-scale to the target's iris pixels.
+luma texture, with one luma gain for the two faces' light and the photos' light
+colour taken out and put in (read on the eye whites; each face's irises and whites
+read at full resolution in its own image, both eyes pooled), applied at the
+layer's own scale to the target's iris pixels.
 
 Landmarks are (478, 3) float pixels with the iris points; images (h, w, 3)
 float32 0-255 in the frame of those landmarks.
@@ -72,9 +73,11 @@ HIGHLIGHT_RAMP = (1.15, 1.6)
 
 
 class IrisReading(NamedTuple):
-    """A face's eye colours, as read by :func:`iris_colour`: medians (3,) float64 of
-    its irises, of the skin under its eyes and of its eye whites (None where too
-    few of those show)."""
+    """A face's eye colours, as read by :func:`iris_colour`: medians (3,) of its
+    irises, of the skin under its eyes (the image's float type, float64 for uint8)
+    and of its eye whites (float64; None where too few of those show). A squint
+    may leave lid skin among the whites' pixels: :data:`LIGHT_COLOUR_RANGE`
+    bounds what that can do."""
 
     iris: np.ndarray
     skin: np.ndarray

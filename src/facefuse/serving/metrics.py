@@ -33,8 +33,8 @@ so a scanner cannot blow up the series count.
 
 Several worker processes (``facefuse serve --workers N``) share one directory named
 by ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode; ``serve``
-sets it before the workers start): counters, histograms and the queue-depth gauges
-of every worker are written there, and any worker's ``/metrics`` answers with their
+sets it before the workers start): counters, histograms, the queue-depth and the
+in-flight gauges of every worker are written there, and any worker's ``/metrics`` answers with their
 sums, whichever worker a scrape reaches. The values read at scrape time (process
 memory, cache figures) are those of the worker that answered.
 """
