@@ -133,7 +133,7 @@ def test_deployment_contract(rendered: tuple[str, list[dict[str, Any]], Path]) -
         return
     (hpa,) = hpas
     assert hpa["spec"]["scaleTargetRef"]["name"] == "facefuse"
-    assert any(m["type"] == "Pods" and m["pods"]["metric"]["name"] == "facefuse_http_requests_in_flight"
+    assert any(m["type"] == "Pods" and m["pods"]["metric"]["name"] == "facefuse_pipeline_requests"
                for m in hpa["spec"]["metrics"])
     if name == "gpu":
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -94,8 +94,13 @@ def test_graceful_shutdown_answers_every_request_in_flight(
             pending = [pool.submit(one, image) for image in images[:6]]
             with proc.client() as c:  # wait until all six are being processed
                 end = time.monotonic() + 60
-                while metric_values(c.get("/metrics").text,
-                                    "facefuse_http_requests_in_flight").get("", 0) < 6:
+                while True:
+                    text = c.get("/metrics").text
+                    # All six in flight, and all holding or waiting for a pipeline
+                    # slot (the /metrics request itself is neither).
+                    if (metric_values(text, "facefuse_http_requests_in_flight").get("", 0) >= 6
+                            and metric_values(text, "facefuse_pipeline_requests").get("", 0) == 6):
+                        break
                     assert time.monotonic() < end, "requests never arrived"
                     time.sleep(0.02)
             proc.terminate()

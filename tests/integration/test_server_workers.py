@@ -31,4 +31,5 @@ def test_metrics_are_the_sum_over_workers(
             # Live sums over the workers, not one series per worker.
             assert metric_values(text, "facefuse_queue_depth") == {"": 0.0}
             assert metric_values(text, "facefuse_http_requests_in_flight") == {"": 0.0}
+            assert metric_values(text, "facefuse_pipeline_requests") == {"": 0.0}
     assert counts == [float(REQUESTS)] * SCRAPES

@@ -9,7 +9,9 @@ Exported series (names operators already know from Triton / Ray Serve):
 * ``facefuse_http_requests_total{route,method,status}`` — requests answered
 * ``facefuse_http_request_duration_seconds{route,method,status}`` — latency histogram
 * ``facefuse_http_requests_in_flight`` — ``/v1/*`` requests accepted and not yet
-  answered, all workers: the HPA signal
+  answered (downloads and job submissions too), all workers
+* ``facefuse_pipeline_requests`` — requests holding or waiting for one of the
+  ``max_active`` pipeline slots (what costs CPU), all workers: the HPA signal
 * ``facefuse_stage_duration_seconds{stage}`` — decode, detect, mesh, embed, fuse, encode
 * ``facefuse_batch_size{model}`` — items per model call (histogram)
 * ``facefuse_queue_wait_seconds{model}`` — submit -> batch start, per item
@@ -33,8 +35,8 @@ so a scanner cannot blow up the series count.
 
 Several worker processes (``facefuse serve --workers N``) share one directory named
 by ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode; ``serve``
-sets it before the workers start): counters, histograms, the queue-depth and the
-in-flight gauges of every worker are written there, and any worker's ``/metrics`` answers with their
+sets it before the workers start): counters, histograms, the queue-depth, in-flight
+and pipeline gauges of every worker are written there, and any worker's ``/metrics`` answers with their
 sums, whichever worker a scrape reaches. The values read at scrape time (process
 memory, cache figures) are those of the worker that answered.
 """
@@ -239,7 +241,13 @@ class Metrics:
         )
         self.in_flight = Gauge(
             "facefuse_http_requests_in_flight",
-            "/v1/* requests accepted and not yet answered: scale out on this.",
+            "/v1/* requests accepted and not yet answered.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.pipeline_requests = Gauge(
+            "facefuse_pipeline_requests",
+            "Requests holding or waiting for a pipeline slot (max_active): scale out on this.",
             registry=r,
             multiprocess_mode="livesum",
         )
@@ -315,6 +323,10 @@ class Metrics:
 
     def observe_queue_wait(self, model: str, seconds: float) -> None:
         self.queue_wait.labels(model).observe(seconds)
+
+    def set_pipeline_requests(self, count: int) -> None:
+        """Requests now holding or waiting for a pipeline slot (this worker's)."""
+        self.pipeline_requests.set(count)
 
     def set_queue_depth(self, model: str, depth: int) -> None:
         with self._lock:

@@ -37,7 +37,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -184,13 +184,22 @@ async def _in_thread(pool: Executor, fn: Callable[..., T], *args: Any) -> T:
         raise
 
 
+class PipelineObserver(BatchObserver, Protocol):
+    """The batchers' metric hooks and the pipeline's own
+    (:class:`facefuse.serving.metrics.Metrics` has them)."""
+
+    def set_pipeline_requests(self, count: int) -> None:
+        """Requests now holding or waiting for a pipeline slot."""
+
+
 class Pipeline:
     """Models, batchers, pools and the L1 cache of one server process.
 
     Args:
         settings: the serving settings (batching knobs, pool sizes, limits).
         registry: the model registry (hot reload goes through :meth:`reload`).
-        metrics: batch-size / queue observer (e.g. :class:`~facefuse.serving.metrics.Metrics`).
+        metrics: batch-size, queue and pipeline observer (e.g.
+            :class:`~facefuse.serving.metrics.Metrics`).
         budget: the memory budget that decoding reserves from (default: a private one
             of the settings' whole budget).
 
@@ -203,7 +212,7 @@ class Pipeline:
         settings: Settings,
         registry: ModelRegistry,
         *,
-        metrics: BatchObserver | None = None,
+        metrics: PipelineObserver | None = None,
         budget: MemoryBudget | None = None,
     ) -> None:
         self.settings = settings
@@ -231,6 +240,8 @@ class Pipeline:
         self._versions = self._model_versions()
         self._reload_lock = asyncio.Lock()
         self._active = asyncio.Semaphore(max(1, settings.max_active))
+        #: Requests in :meth:`admit`: holding or waiting for budget and a slot.
+        self.admitted = 0
         self.started = False
 
     # --- construction ------------------------------------------------------------------
@@ -367,8 +378,17 @@ class Pipeline:
             raise ImageTooLargeError(
                 f"the images have {pixels} pixels; this server's memory budget allows "
                 f"{self.budget.capacity // BYTES_PER_PIXEL} decoded pixels per request")
-        async with self.budget.hold(cost, "decoding"), self._active:
-            yield
+        self._count_admitted(1)
+        try:
+            async with self.budget.hold(cost, "decoding"), self._active:
+                yield
+        finally:
+            self._count_admitted(-1)
+
+    def _count_admitted(self, step: int) -> None:
+        self.admitted += step
+        if self.metrics is not None:
+            self.metrics.set_pipeline_requests(self.admitted)
 
     async def in_cpu_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the CPU pool (with the caller's context: request id)."""

@@ -132,7 +132,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
         timeout_keep_alive=KEEP_ALIVE_S,
     )
     if workers > 1:
-        # Each worker writes its counters, histograms, queue and in-flight gauges to files in
+        # Each worker writes its counters, histograms and live gauges to files in
         # one directory; any worker's /metrics answers with their sums.
         with tempfile.TemporaryDirectory(prefix="facefuse-metrics-") as shared:
             os.environ[MULTIPROC_DIR_ENV] = shared
