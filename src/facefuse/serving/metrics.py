@@ -36,9 +36,10 @@ so a scanner cannot blow up the series count.
 Several worker processes (``facefuse serve --workers N``) share one directory named
 by ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode; ``serve``
 sets it before the workers start): counters, histograms, the queue-depth, in-flight
-and pipeline gauges of every worker are written there, and any worker's ``/metrics`` answers with their
-sums, whichever worker a scrape reaches. The values read at scrape time (process
-memory, cache figures) are those of the worker that answered.
+and pipeline gauges of every worker are written there, and any worker's
+``/metrics`` answers with their sums, whichever worker a scrape reaches. The values
+read at scrape time (process memory, cache figures) are those of the worker that
+answered.
 """
 
 from __future__ import annotations
