@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -243,9 +244,14 @@ def test_stopped_and_killed_workers_hand_the_job_on(
             body = c.get(loc).json()
             return bool(body["status"] == "running" and body["progress"]["frames_done"] > 0)
 
-        # SIGTERM: the job gets its grace (1 s), then goes back on the queue.
+        # SIGUSR1 dumps every thread's stack to the log and the job runs on.
         a = stack["worker"]("term")
         wait_for(running_with_progress, 240, "job never ran on the first worker")
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "most recent call first" in a.log_tail(20000), 10, "no stack dump")
+        assert a.proc.poll() is None and c.get(loc).json()["status"] == "running"
+        # SIGTERM: the job gets its grace (1 s), then goes back on the queue.
         a.terminate()
         assert a.wait(90) == 0, a.log_tail()
         assert c.get(loc).json()["status"] == "queued"

@@ -58,8 +58,17 @@ class WorkerProcess:
             self.proc.wait(timeout=10)
 
     def wait(self, timeout: float = 60.0) -> int:
+        """The exit status; a process still running after ``timeout`` s fails the
+        test with its log, every thread's stack first written there (SIGUSR1)."""
         assert self.proc is not None
-        return self.proc.wait(timeout=timeout)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            raise AssertionError(f"{self.name} still running after {timeout:.0f} s:\n"
+                                 f"{self.log_tail(20000)}") from None
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

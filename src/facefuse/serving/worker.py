@@ -27,6 +27,8 @@ Signals:
   after ``jobs_heartbeat_s`` its unacknowledged message goes back on the queue
   and another worker runs the job from the start (attempt 2). A job that has
   killed ``jobs_max_tries`` workers fails with ``job_failed_repeatedly``.
+* SIGUSR1: every thread's Python stack is written to stderr (``faulthandler``),
+  the job running on: for a worker that seems stuck.
 
 Metrics (Prometheus, ``--metrics-port``): ``facefuse_jobs_total{kind,outcome}``,
 ``facefuse_job_duration_seconds{kind}``, ``facefuse_job_fps``,
@@ -36,6 +38,7 @@ Metrics (Prometheus, ``--metrics-port``): ``facefuse_jobs_total{kind,outcome}``,
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -309,6 +312,7 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     worker = Worker(q, worker_threads=1, worker_timeout=1000)
     worker.queue_prefetch = 1  # one job at a time: the rest wait where others can take them
     worker.start()
