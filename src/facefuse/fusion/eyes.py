@@ -166,12 +166,11 @@ def _sclera_pixels(image: np.ndarray, landmarks: np.ndarray,
     contour, iris = eye
     centre, radius = iris_circle(landmarks, iris)
     pts = np.asarray(landmarks[list(contour), :2], np.float64)
-    h, w = image.shape[:2]
-    x0, y0 = (max(0, int(np.floor(v))) for v in pts.min(0))
-    x1, y1 = min(w, int(np.ceil(pts[:, 0].max())) + 1), min(h, int(np.ceil(pts[:, 1].max())) + 1)
-    if x1 <= x0 or y1 <= y0:
+    box = _box(pts.min(0), pts.max(0), 1, (image.shape[1], image.shape[0]))
+    if box is None:
         return np.zeros((0, 3), np.float32)
-    opening = masks.inside_contour(landmarks, contour, (x0, y0, x1, y1))
+    x0, y0, x1, y1 = box
+    opening = masks.inside_contour(landmarks, contour, box)
     beyond = _distance((y1 - y0, x1 - x0), centre - np.array([x0, y0])) > SCLERA_BEYOND * radius
     out: np.ndarray = image[y0:y1, x0:x1][opening & beyond]
     return out

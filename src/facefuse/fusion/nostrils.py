@@ -61,13 +61,13 @@ def openings(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
     ring = np.zeros((h, w), np.uint8)
     up = lm[NOSE_TIP, :2] - lm[NOSTRIL_PAIRS[0][0], :2]
     up /= max(1e-6, float(np.linalg.norm(up)))
+    grown = SKIN_RING * d
     for a, b in NOSTRIL_PAIRS:
         axis = lm[b, :2] - lm[a, :2]
         c = 0.5 * (lm[a, :2] + lm[b, :2]) + NOSTRIL_RAISE * d * up
         centre = (round(float(c[0])), round(float(c[1])))
         angle = float(np.degrees(np.arctan2(axis[1], axis[0])))
         half = 0.5 * float(np.linalg.norm(axis)) + NOSTRIL_REACH * d
-        grown = SKIN_RING * d
         cv2.ellipse(ring, centre, (max(2, round(half + grown)),
                                    max(2, round(NOSTRIL_RADIUS * d + grown))), angle, 0, 360, 1, -1)
         cv2.ellipse(ellipses, centre, (max(1, round(half)), max(1, round(NOSTRIL_RADIUS * d))),

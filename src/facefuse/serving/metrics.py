@@ -240,18 +240,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.in_flight = Gauge(
+        self.in_flight = self._live_sum(
             "facefuse_http_requests_in_flight",
-            "/v1/* requests accepted and not yet answered.",
-            registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.pipeline_requests = Gauge(
+            "/v1/* requests accepted and not yet answered.")
+        self.pipeline_requests = self._live_sum(
             "facefuse_pipeline_requests",
-            "Requests holding or waiting for a pipeline slot (max_active): scale out on this.",
-            registry=r,
-            multiprocess_mode="livesum",
-        )
+            "Requests holding or waiting for a pipeline slot (max_active): scale out on this.")
         self.stage_duration = Histogram(
             "facefuse_stage_duration_seconds",
             "Time spent per pipeline stage (decode, detect, mesh, embed, fuse, encode).",
@@ -273,19 +267,11 @@ class Metrics:
             buckets=QUEUE_WAIT_BUCKETS,
             registry=r,
         )
-        self.queue_depth_per_model = Gauge(
+        self.queue_depth_per_model = self._live_sum(
             "facefuse_queue_depth_per_model",
-            "Items queued (not yet started) per model.",
-            ["model"],
-            registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.queue_depth = Gauge(
-            "facefuse_queue_depth",
-            "Items queued (not yet started) over all models.",
-            registry=r,
-            multiprocess_mode="livesum",
-        )
+            "Items queued (not yet started) per model.", ["model"])
+        self.queue_depth = self._live_sum(
+            "facefuse_queue_depth", "Items queued (not yet started) over all models.")
         self.model_info = Gauge(
             "facefuse_model_info",
             "Loaded models (value 1): name, version, precision, provider.",
@@ -324,6 +310,11 @@ class Metrics:
 
     def observe_queue_wait(self, model: str, seconds: float) -> None:
         self.queue_wait.labels(model).observe(seconds)
+
+    def _live_sum(self, name: str, documentation: str, labels: Iterable[str] = ()) -> Gauge:
+        """A gauge of this registry that ``--workers N`` sums over the live workers."""
+        return Gauge(name, documentation, list(labels), registry=self.registry,
+                     multiprocess_mode="livesum")
 
     def set_pipeline_requests(self, count: int) -> None:
         """Requests now holding or waiting for a pipeline slot (this worker's)."""
