@@ -79,3 +79,42 @@ def _left(mode: str) -> float:
 def test_releasing_the_free_heap_returns_freed_small_blocks() -> None:
     assert _left("keep") >= 32.0  # freed heap pages stay resident
     assert _left("trim") < 16.0
+
+
+# With the mmap threshold pinned as the server pins it, allocates, touches and frees a
+# 2 MB block (under that threshold: from the heap) 50 times; a small block allocated
+# before keeps the heap from shrinking below it. Prints the page faults of the loop.
+FAULT_CHILD = """
+import resource, sys
+import numpy as np
+from facefuse.serving.run import pin_mmap_threshold, pin_trim_threshold
+assert pin_mmap_threshold()
+if sys.argv[1] == "pin":
+    assert pin_trim_threshold()
+keep = np.ones(64, np.uint8)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    a = np.ones(2 * 2**20, np.uint8)
+    del a
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", FAULT_CHILD, mode], capture_output=True,
+                         text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    return int(out.stdout.strip())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
+def test_a_pinned_trim_threshold_keeps_freed_buffers_for_the_next_request() -> None:
+    # 2 MB is 512 pages: given back on every free, every loop faults them in again.
+    assert _faults("default") >= 50 * 400
+    assert _faults("pin") < 2000
+
+
+def test_the_glibc_trim_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from facefuse.serving.run import pin_trim_threshold
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
+    assert pin_trim_threshold() is False
