@@ -108,3 +108,29 @@ def test_a_child_that_dies_fails_the_calls_and_close_still_returns() -> None:
     calls.close()
     assert time.monotonic() - t0 < 20
     assert not any(alive(p) for p in children() - before)
+
+
+def test_a_child_never_frees_the_parents_pyav_frames() -> None:
+    """Unreachable PyAV frames of the parent (a cycle the parent's collector had not
+    reached at the fork) are left alone by the child's collector: freeing one frees a
+    scaler that waits for the parent's slice threads, which a fork does not copy, and
+    the child hung there for good (a clip job that never finished)."""
+    script = textwrap.dedent(f"""
+        import gc, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / "src")!r})
+        import av, numpy as np
+        from facefuse.video.processes import ForkedCalls
+        gc.disable()
+        frame = av.VideoFrame.from_ndarray(np.zeros((480, 640, 3), np.uint8), format="rgb24")
+        scaled = frame.reformat(width=320, height=240, format="yuv420p")
+        scaled.to_ndarray(format="rgb24")
+        cycle = [frame, scaled]
+        cycle.append(cycle)
+        del frame, scaled, cycle
+        with ForkedCalls(gc.collect, 1) as calls:
+            print("done", calls.submit().result(timeout=30) >= 0)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "done True"

@@ -19,7 +19,9 @@ signal); they ignore SIGINT (a Ctrl-C reaches the whole process group: the
 parent decides when they stop) and take SIGTERM's default (containers send it
 to the parent alone; a parent's handler, such as the job worker's hand-back, is
 not theirs to run). A child writes to its own standard streams: another thread
-of the parent may have held the old ones' locks at the fork.
+of the parent may have held the old ones' locks at the fork. Its garbage collector
+never frees what it inherited (:func:`gc.freeze`): releasing an inherited PyAV
+frame would wait for the parent's scaler threads, which a fork does not copy.
 
 A fork has a cost in the parent too: a page it writes first after the fork is
 copied then (its next face analysis took ~4 800 such faults, 25 → 42 ms), once
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -69,6 +72,11 @@ def _die_with_parent(parent: int) -> None:
 
 def _start_child(fn: Callable[..., Any], parent: int) -> None:
     global _CALL
+    # The cyclic garbage collector leaves alone every object this child inherited:
+    # an unreachable cycle of the parent's could hold a decoded PyAV frame, whose
+    # release frees a scaler that joins the parent's worker threads, which do not
+    # exist here, and the child would wait for them forever.
+    gc.freeze()
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
