@@ -282,14 +282,26 @@ def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(
     assert calls == [1]  # the tiles never ran
     assert len(largest) == 1
     assert largest[0].width == pytest.approx(max(d.width for d in every), rel=0.05)
-    # Only small faces (none, or under a fifth of the long side) in the whole-image
-    # pass: the tiles run too, and the result is exactly the plain one.
-    for picture in (small, _paste((3000, 4000), image, 1400, (200, 200))[0]):
-        found, calls = _run_counting(stages.detect(full, picture, coarse_first=True), full)
-        assert calls == [1, len(full.preprocess(picture)) - 1]
-        plain = _run_counting(stages.detect(full, picture), full)[0]
-        assert len(found) == len(plain) == 1
-        np.testing.assert_array_equal(found[0].bbox, plain[0].bbox)
+    # A face under a fifth of the long side in the whole-image pass: only the tiles
+    # that hold it whole run, and its box is exactly the one every tile gives.
+    picture = _paste((3000, 4000), image, 1400, (200, 200))[0]
+    tiles = full.tile_passes(picture)
+    holding = full.tile_passes(picture, around=_single(full, picture))
+    assert 0 < len(holding) < len(tiles)
+    everywhere = Detection(bbox=np.array([10, 10, 3990, 2990], np.float32), score=0.9,
+                           keypoints=np.zeros((6, 2), np.float32))
+    assert len(full.tile_passes(picture, around=everywhere)) == len(tiles)  # none holds it
+    found, calls = _run_counting(stages.detect(full, picture, coarse_first=True), full)
+    assert calls == [1, len(holding)]
+    plain = _run_counting(stages.detect(full, picture), full)[0]
+    assert len(found) == len(plain) == 1
+    np.testing.assert_array_equal(found[0].bbox, plain[0].bbox)
+    # No face in the whole-image pass: every tile runs, and the result is the plain one.
+    found, calls = _run_counting(stages.detect(full, small, coarse_first=True), full)
+    assert calls == [1, len(full.preprocess(small)) - 1]
+    plain = _run_counting(stages.detect(full, small), full)[0]
+    assert len(found) == len(plain) == 1
+    np.testing.assert_array_equal(found[0].bbox, plain[0].bbox)
 
 
 @pytest.mark.parametrize("shape", [(300, 1200), (1200, 300), (300, 4000), (4000, 300), (40, 900)])

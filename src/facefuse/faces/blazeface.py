@@ -31,10 +31,7 @@ from facefuse.faces.detector_base import (
     Letterbox,
     away_from_inner_edges,
     iou,
-    letterbox_passes,
-    tile_grid,
 )
-from facefuse.imaging.checks import require_rgb
 from facefuse.runtime.registry import LoadedModel
 
 Variant = Literal["full", "short"]
@@ -221,22 +218,11 @@ class BlazeFaceDetector(BatchedDetector):
         self.score_threshold = float(score_threshold)
         self.nms_iou = float(nms_iou)
         self.tile_above = int(tile_above)
+        self.min_face_fraction = MIN_FACE_FRACTION[variant]
 
-    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
-        """Model inputs for one image: the whole image, then tiles if it is large.
-
-        Args:
-            image: RGB uint8 (H, W, 3).
-
-        Returns:
-            list of ``(tensor (3, S, S) float32 in [-1, 1], Letterbox)``.
-        """
-        require_rgb(image)
-        h, w = image.shape[:2]
-        crops = [(0, 0, w, h)]
-        crops.extend(tile_grid(w, h, self.tile_above, MIN_FACE_FRACTION[self.variant]))
-        passes = letterbox_passes(image, self.size, crops)
-        return [(to_tensor(canvas), box) for canvas, box in passes]
+    def tensor(self, canvas: np.ndarray) -> np.ndarray:
+        """RGB uint8 (S, S, 3) → float32 (3, S, S) in [-1, 1]."""
+        return to_tensor(canvas)
 
     def decode_tensor(
         self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox

@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Detection
+from facefuse.imaging.checks import require_rgb
 from facefuse.runtime.registry import LoadedModel
 
 #: Tiles overlap by at most / at least this fraction of their side.
@@ -158,18 +159,22 @@ def _starts(extent: int, tile: int, stride: int) -> list[int]:
 
 
 def letterbox_passes(
-    image: np.ndarray, size: int, crops: Sequence[tuple[int, int, int, int]]
+    image: np.ndarray, size: int, crops: Sequence[tuple[int, int, int, int]],
+    shrink_for: Sequence[tuple[int, int, int, int]] | None = None,
 ) -> list[tuple[np.ndarray, Letterbox]]:
     """Letterbox each crop ``(x0, y0, w, h)`` of ``image`` into a ``size``×``size`` canvas.
 
-    The image is shrunk once by the largest integer factor every pass can
-    afford (OpenCV's fast exact area path) and every pass is cut and fitted
-    from that copy; the < k pixels at the right/bottom that do not fill a k×k
-    block are dropped. Returns ``(canvas (size, size, 3) uint8, Letterbox)``
-    per crop, the Letterbox mapping canvas pixels to ``image`` pixels.
+    The image is shrunk once by the largest integer factor every pass of
+    ``shrink_for`` (default: ``crops``) can afford (OpenCV's fast exact area
+    path) and every pass is cut and fitted from that copy; the < k pixels at the
+    right/bottom that do not fill a k×k block are dropped. Returns ``(canvas
+    (size, size, 3) uint8, Letterbox)`` per crop, the Letterbox mapping canvas
+    pixels to ``image`` pixels. (Passes of one set cut apart, ``shrink_for`` the
+    whole set, are exactly those of the set cut at once.)
     """
     h, w = image.shape[:2]
-    k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // size), w, h)
+    sides = crops if shrink_for is None else shrink_for
+    k = min(int(min(max(cw, ch) for _, _, cw, ch in sides) // size), w, h)
     if k >= 2:
         wk, hk = w // k, h // k
         small = cv2.resize(image[: hk * k, : wk * k], (wk, hk), interpolation=cv2.INTER_AREA)
@@ -229,6 +234,19 @@ def away_from_inner_edges(boxes: np.ndarray, t: Letterbox) -> np.ndarray:
     return ok
 
 
+def _holds(tile: tuple[int, int, int, int], box: np.ndarray, width: int, height: int) -> bool:
+    """Whether ``tile`` (x0, y0, w, h) of a ``width``×``height`` image holds ``box``
+    (x0, y0, x1, y1) whole, clear of its inner edges by the margin the merge keeps
+    (:func:`away_from_inner_edges`)."""
+    tx, ty, tw, th = tile
+    margin = TILE_EDGE_MARGIN * max(tw, th)
+    left = box[0] > tx + margin if tx > 0 else box[0] >= tx
+    top = box[1] > ty + margin if ty > 0 else box[1] >= ty
+    right = box[2] < tx + tw - margin if tx + tw < width else box[2] <= tx + tw
+    bottom = box[3] < ty + th - margin if ty + th < height else box[3] <= ty + th
+    return bool(left and top and right and bottom)
+
+
 def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """IoU of one box (4,) against boxes (K, 4), all ``x0, y0, x1, y1``."""
     ix0 = np.maximum(box[0], boxes[:, 0])
@@ -242,20 +260,71 @@ def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
+#: A crop ``(x0, y0, w, h)`` of an image, pixels.
+Crop = tuple[int, int, int, int]
+#: One model input: a ``(3, S, S)`` float32 tensor and where it came from.
+Pass = tuple[np.ndarray, Letterbox]
+
 class BatchedDetector:
     """A detector whose model runs on stacked tensors: :meth:`preprocess` (CPU) →
     :meth:`run` (one batched model call, which a micro-batcher may share between
-    images) → :meth:`postprocess` (CPU). Subclasses say how one tensor's outputs
-    decode (:meth:`decode_tensor`) and how the passes of one image merge (:meth:`merge`).
+    images) → :meth:`postprocess` (CPU). Subclasses say how a letterboxed canvas
+    becomes a tensor (:meth:`tensor`), which faces the whole image finds at least
+    (:attr:`min_face_fraction`, the tiles' rule), how one tensor's outputs decode
+    (:meth:`decode_tensor`) and how the passes of one image merge (:meth:`merge`).
     """
 
     model: LoadedModel
     #: Raw regression values per anchor.
     regression_width: int
+    #: Model input side, pixels.
+    size: int
+    #: Images whose long side exceeds this (pixels) are also scanned in tiles.
+    tile_above: int
+    #: The smallest face, as a fraction of the long side, the whole-image pass finds.
+    min_face_fraction: float
 
-    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
-        """Model inputs ``(tensor (3, S, S) float32, Letterbox)`` of one RGB uint8 image."""
+    def tensor(self, canvas: np.ndarray) -> np.ndarray:
+        """A letterboxed RGB uint8 (S, S, 3) canvas → the model's (3, S, S) float32."""
         raise NotImplementedError
+
+    def crops(self, width: int, height: int) -> list[Crop]:
+        """The passes of a ``width``×``height`` image: the whole image, then its tiles."""
+        return [(0, 0, width, height),
+                *tile_grid(width, height, self.tile_above, self.min_face_fraction)]
+
+    def preprocess(self, image: np.ndarray) -> list[Pass]:
+        """Model inputs ``(tensor (3, S, S) float32, Letterbox)`` of one RGB uint8 image:
+        the whole image, then tiles if it is large."""
+        require_rgb(image)
+        h, w = image.shape[:2]
+        return self._passes(image, self.crops(w, h))
+
+    def whole_pass(self, image: np.ndarray) -> list[Pass]:
+        """``preprocess(image)[:1]`` without cutting the tiles."""
+        require_rgb(image)
+        h, w = image.shape[:2]
+        crops = self.crops(w, h)
+        return self._passes(image, crops[:1], crops)
+
+    def tile_passes(self, image: np.ndarray, around: Detection | None = None) -> list[Pass]:
+        """``preprocess(image)[1:]``: the tiles alone (none for a small image). With
+        ``around``, only the tiles that hold that face's box whole, clear of their
+        inner edges (all of them when none does): a tile that holds it in part
+        drops its piece of it as cut (:func:`away_from_inner_edges`), so for that
+        face these passes find what all the tiles find."""
+        h, w = image.shape[:2]
+        crops = self.crops(w, h)
+        tiles = crops[1:]
+        if around is not None:
+            holding = [t for t in tiles if _holds(t, around.bbox, w, h)]
+            tiles = holding or tiles
+        return self._passes(image, tiles, crops) if tiles else []
+
+    def _passes(self, image: np.ndarray, crops: Sequence[Crop],
+                shrink_for: Sequence[Crop] | None = None) -> list[Pass]:
+        return [(self.tensor(canvas), box)
+                for canvas, box in letterbox_passes(image, self.size, crops, shrink_for)]
 
     def decode_tensor(
         self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox

@@ -232,7 +232,7 @@ def _stacked(outputs: Outputs) -> list[np.ndarray]:
 
 #: ``coarse_first``: a largest face at least this fraction of the image's long side
 #: is taken from the whole-image pass alone; a smaller one (under ~40 px of
-#: BlazeFace's 192-px input) has its box refined by the tiles as well.
+#: BlazeFace's 192-px input) has its box refined by the tiles that hold it.
 COARSE_ENOUGH = 0.2
 
 
@@ -249,10 +249,13 @@ def detect(
     ``coarse_first``: for callers that use only the largest face. The whole-image
     pass runs alone first; the tiles of a large image (which exist to find faces
     too small for that pass) run only when it finds no face of at least
-    :data:`COARSE_ENOUGH` of the long side, and then all passes are merged
-    exactly as without ``coarse_first``. A 1–2 MP portrait costs one detector
-    pass instead of three; the faces found are then those of the whole-image
-    pass only, so the result is cached apart from an every-face analysis.
+    :data:`COARSE_ENOUGH` of the long side, and then only those that hold the
+    largest face it found whole (every tile when it found none), and all passes
+    are merged as without ``coarse_first``: for that face the result is the one
+    every tile gives (a tile holding it in part drops it as cut). A 1–2 MP portrait
+    costs one or two detector passes instead of three; the faces found are then
+    those of the passes run only, so the result is cached apart from an every-face
+    analysis.
     """
     for k in turns:
         found = yield from _detect_turn(detector, rgb, k, coarse_first)
@@ -265,15 +268,21 @@ def _detect_turn(detector: Detector, rgb: np.ndarray, k: int,
                  coarse_first: bool) -> Stage[list[Detection]]:
     """:func:`detect` for the one quarter turn ``k``, in ``rgb``'s pixels."""
     h, w = rgb.shape[:2]
-    items = detector.preprocess(rotate_image(rgb, k))
-    first = 1 if coarse_first and len(items) > 1 else len(items)
-    outputs = yield ModelCall(registry_name(detector.model),
-                              tuple(x for x, _ in items[:first]))
-    found = _detections(detector, outputs, items[:first])
-    if first < len(items) and not _coarse_enough(found, max(h, w)):
-        more = yield ModelCall(registry_name(detector.model),
-                               tuple(x for x, _ in items[first:]))
-        found = _detections(detector, [*outputs, *more], items)
+    image = rotate_image(rgb, k)
+    items = detector.whole_pass(image) if coarse_first else detector.preprocess(image)
+    outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items))
+    found = _detections(detector, outputs, items)
+    if coarse_first and not _coarse_enough(found, max(h, w)):
+        # Only the tiles that hold the largest face found whole (all of them when none
+        # was found): a 1-2 MP portrait's face at 12-20 % of the long side lies in
+        # one of its two tiles.
+        largest = max(found, key=lambda d: d.width) if found else None
+        more_items = detector.tile_passes(image, around=largest)
+        if more_items:
+            more = yield ModelCall(registry_name(detector.model),
+                                   tuple(x for x, _ in more_items))
+            items = [*items, *more_items]
+            found = _detections(detector, [*outputs, *more], items)
     return [unrotate_detection(d, k, w, h) for d in found]
 
 

@@ -37,10 +37,7 @@ from facefuse.faces.detector_base import (
     Letterbox,
     away_from_inner_edges,
     iou,
-    letterbox_passes,
-    tile_grid,
 )
-from facefuse.imaging.checks import require_rgb
 from facefuse.runtime.registry import LoadedModel
 
 STRIDES = (8, 16, 32)
@@ -181,23 +178,11 @@ class YuNetDetector(BatchedDetector):
         self.edge_score_threshold = float(edge_score_threshold)
         self.nms_iou = float(nms_iou)
         self.tile_above = int(tile_above)
+        self.min_face_fraction = MIN_FACE_FRACTION
 
-    def preprocess(self, image: np.ndarray) -> list[tuple[np.ndarray, Letterbox]]:
-        """Model inputs for one image: the whole image, then tiles if it is large.
-
-        Args:
-            image: RGB uint8 (H, W, 3).
-
-        Returns:
-            list of ``(tensor (3, S, S) float32 RGB 0..255, Letterbox)``.
-        """
-        require_rgb(image)
-        h, w = image.shape[:2]
-        crops = [(0, 0, w, h), *tile_grid(w, h, self.tile_above, MIN_FACE_FRACTION)]
-        return [
-            (np.ascontiguousarray(canvas.transpose(2, 0, 1), dtype=np.float32), box)
-            for canvas, box in letterbox_passes(image, self.size, crops)
-        ]
+    def tensor(self, canvas: np.ndarray) -> np.ndarray:
+        """RGB uint8 (S, S, 3) → float32 (3, S, S), 0..255."""
+        return np.ascontiguousarray(canvas.transpose(2, 0, 1), dtype=np.float32)
 
     def decode_tensor(
         self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox
