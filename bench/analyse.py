@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
+from facefuse.faces.recognizer import Recognizer
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import SAMPLES, fetch_samples, identity_of
 from facefuse.toolchain.sources import DLIB_MODELS, materialise
@@ -42,7 +43,7 @@ from report import machine, machine_line, median_ms, write_json, write_section
 
 def ours(an: FaceAnalyser, images: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
     """Per-stage medians (ms) per photo, and each photo's embedding."""
-    rec = an.models.recognizer
+    rec = Recognizer(an.registry.get("dlib_resnet"))
     rows: dict[str, dict[str, float]] = {}
     embeddings: dict[str, np.ndarray] = {}
     for name, rgb in images.items():

@@ -213,6 +213,9 @@ def test_models_lists_versions_and_providers(client: httpx.Client) -> None:
     assert {"facemesh", "dlib_resnet"} <= set(models)
     for m in models.values():
         assert len(m["sha256"]) == 64 and m["sha256"].startswith(m["version"])
+        if not m["loaded"]:  # the recogniser, until the first embedding
+            assert m["name"] == "dlib_resnet" and m["provider"] == "" and not m["fallbacks"]
+            continue
         assert m["provider"] == "CPUExecutionProvider"
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             assert any("CUDAExecutionProvider" in r for r in m["fallbacks"]), m

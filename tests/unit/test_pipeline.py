@@ -194,3 +194,29 @@ async def test_a_template_fuses_as_the_library_does_with_every_face(
             await pipeline.fuse(src, group3, FuseOptions(), RequestContext(),
                                 target_analysis=small)
     assert exc.value.code == "template_mismatch"
+
+
+async def test_the_recogniser_loads_on_its_first_embedding(
+    settings: Settings, sample_paths: dict[str, Path],
+) -> None:
+    """A fresh server's pipeline loads the detector, mesh and iris, not the recogniser
+    (a fusion never runs it by default): its cache-key version is known from the
+    manifest all the same, and the first embedding loads it through the batcher."""
+    registry = ModelRegistry(settings)
+    async with running(settings, registry) as pipeline:
+        assert "dlib_resnet" in pipeline.model_names
+        assert "dlib_resnet" not in pipeline.startup_models
+        assert "dlib_resnet" not in registry.loaded()
+        pipeline.warmup()
+        outcome = await pipeline.fuse(photo(sample_paths, "obama"), photo(sample_paths, "biden"),
+                                      FuseOptions(degree=60), RequestContext(), fmt="jpeg",
+                                      quality=90)
+        assert outcome.faces_fused == 1
+        assert "dlib_resnet" not in registry.loaded()
+        assert pipeline.model_versions["dlib_resnet"] == (
+            registry.entry("dlib_resnet").spec.sha256[:16])
+        ctx = RequestContext()
+        rgb, digest = await pipeline.decode(photo(sample_paths, "obama2"), ctx)
+        faces = (await pipeline.analyse(rgb, digest, ctx, embed=True)).faces
+        assert faces[0].embedding is not None
+        assert "dlib_resnet" in registry.loaded()

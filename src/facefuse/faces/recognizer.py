@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from facefuse.errors import InvalidArgumentError
-from facefuse.runtime.registry import LoadedModel
+from facefuse.runtime.registry import LoadedModel, ModelEntry
 
 CHIP_SIZE = 150
 EMBEDDING_DIMS = 128
@@ -25,9 +25,13 @@ class Recognizer:
 
     :meth:`preprocess` and :meth:`run` are separate so a micro-batcher can stack
     chips of many requests into one model run; :meth:`embed_chips` does both.
+    ``model`` may be the manifest entry alone (a
+    :class:`~facefuse.runtime.registry.DeferredModel`): the stages then run it through
+    their driver's registry, which loads it on its first embedding; :meth:`run` and
+    :meth:`embed_chips` need it loaded.
     """
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: ModelEntry) -> None:
         self.model = model
         size = model.spec.preprocessing.size
         self.size = int(size[0]) if size else CHIP_SIZE
@@ -53,6 +57,9 @@ class Recognizer:
             raise InvalidArgumentError(f"expected (N, 3, {self.size}, {self.size}), got {x.shape}")
         if len(x) == 0:
             return np.zeros((0, EMBEDDING_DIMS), np.float32)
+        if not isinstance(self.model, LoadedModel):
+            raise TypeError("this Recognizer holds the model's entry only: run it through "
+                            "the registry (stages.embed), or give it a loaded model")
         return self.model.run(x)[0].astype(np.float32, copy=False)
 
     def embed_chips(self, chips: np.ndarray) -> np.ndarray:

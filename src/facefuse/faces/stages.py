@@ -62,7 +62,7 @@ from facefuse.faces.rotation import (
     unrotate_detection,
 )
 from facefuse.faces.types import MESH_FIVE_POINTS, Detection, Face
-from facefuse.runtime.registry import ModelEntry, ModelRegistry
+from facefuse.runtime.registry import ModelEntry, ModelRegistry, gpu_requested
 
 T = TypeVar("T")
 
@@ -176,16 +176,20 @@ class FaceModels:
         loaded after the others (13 MB in a fresh process, BENCHMARKS.md
         "detector_policy"), and its activations come with its first every-face request
         whether it is loaded early or late: a lazy load would save little and cost that
-        request the session build. Age and gender
-        are only chosen here (:meth:`ModelRegistry.entry`): ~16 MB of RSS that a server
-        not asked for attributes never loads."""
+        request the session build. The recogniser, age and gender are only chosen here
+        (:meth:`ModelRegistry.entry`) and load on their first run: a fusion runs none of
+        them by default (its similarity is off), and their sessions are ~22 MB (the
+        FP32 recogniser) and ~16 MB of RSS that a server never asked for embeddings or
+        attributes never loads."""
         iris = registry.get("iris") if registry.has("iris") else None
         built = {name: make_detector(settings, registry, name)
                  for name in detectors_in_use(settings)}
         return cls(
             detectors={p: built[detector_for(settings, p)] for p in PURPOSES},
             mesh=FaceMesh(registry.get("facemesh"), iris),
-            recognizer=Recognizer(registry.get("dlib_resnet")),
+            # (On a GPU it loads now: its first run there may build an engine.)
+            recognizer=Recognizer(registry.get("dlib_resnet") if gpu_requested(settings)
+                                  else registry.entry("dlib_resnet")),
             age=registry.entry("age") if registry.has("age") else None,
             gender=registry.entry("gender") if registry.has("gender") else None,
             turns=turns_to_try(settings),

@@ -223,6 +223,10 @@ class Pipeline:
         self.output = OutputPolicy.from_settings(settings)
         self.fuser = FaceFuser(settings, FaceAnalyser(settings, registry))
         self.model_names: tuple[str, ...] = self.models.names
+        #: Those loaded with the models (the recogniser loads on its first run):
+        #: readiness waits for them, warm-up runs them.
+        self.startup_models: tuple[str, ...] = tuple(
+            n for n in self.model_names if n in registry.loaded())
         self._unbatched = stages.registry_runner(registry)
         self.infer_pool: Executor = ThreadPoolExecutor(
             max(1, settings.inference_workers), thread_name_prefix="ff-infer"
@@ -233,7 +237,7 @@ class Pipeline:
         self.l1: ByteLRU[str, Analysis] = ByteLRU(settings.l1_cache_bytes, _analysis_nbytes)
         # The models are loaded by now: the policy follows where they really run.
         self.policy = batch_policy(settings, gpu=any(
-            device_of(registry.get(n).provider) != "cpu" for n in self.model_names))
+            device_of(registry.get(n).provider) != "cpu" for n in self.startup_models))
         log.info("batch policy", extra={"fields": self.policy.to_dict()})
         self._batched = {n: self._batcher(n, enabled=settings.batching) for n in self.model_names}
         self._direct = {n: self._batcher(n, enabled=False) for n in self.model_names}
@@ -276,8 +280,9 @@ class Pipeline:
         return run
 
     def _model_versions(self) -> dict[str, str]:
-        loaded = self.registry.loaded()
-        return {name: m.spec.sha256[:16] for name, m in sorted(loaded.items())}
+        """Every model the stages may run, loaded or not yet (its manifest entry)."""
+        names = sorted({*self.model_names, *self.registry.loaded()})
+        return {name: self.registry.entry(name).spec.sha256[:16] for name in names}
 
     @property
     def models(self) -> FaceModels:
@@ -295,7 +300,7 @@ class Pipeline:
         size the batcher forms, each new shape may build kernels or a TensorRT engine;
         on the CPU batch 1). Blocking."""
         sizes = self.policy.warm_sizes(self.settings.batching)
-        for name in self.model_names:
+        for name in self.startup_models:
             warm_up(self.registry.get(name), sizes)
 
     def start(self) -> None:
@@ -345,7 +350,7 @@ class Pipeline:
             return changed
 
     def _reload_blocking(self) -> list[str]:
-        changed = self.registry.reload(self.model_names)
+        changed = self.registry.reload(self.startup_models)
         if changed:
             old, self.fuser = self.fuser, FaceFuser(self.settings,
                                                     FaceAnalyser(self.settings, self.registry))

@@ -400,7 +400,7 @@ async def readyz(request: Request) -> JSONResponse:
     svc = services(request)
     pipeline = svc.pipeline
     models_ok = pipeline is not None and all(
-        n in pipeline.registry.loaded() for n in pipeline.model_names)
+        n in pipeline.registry.loaded() for n in pipeline.startup_models)
     batchers_ok = pipeline is not None and pipeline.running
     l2_ok = await svc.l2.ping()
     store = svc.templates

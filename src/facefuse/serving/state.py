@@ -34,7 +34,8 @@ TIMEOUT_HEADER = "x-facefuse-timeout"
 
 @dataclass(frozen=True)
 class ModelRow:
-    """One loaded model as ``GET /v1/models`` and ``facefuse_model_info`` show it."""
+    """One model as ``GET /v1/models`` and ``facefuse_model_info`` show it: loaded, or
+    chosen and loaded on its first run (``loaded`` false, no ``provider`` yet)."""
 
     name: str
     version: str
@@ -46,6 +47,7 @@ class ModelRow:
     size: int
     #: Why a requested execution provider is not in use (empty: first choice runs).
     fallbacks: tuple[str, ...] = ()
+    loaded: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "fallbacks": list(self.fallbacks)}
@@ -146,15 +148,22 @@ class Services:
                 del self._flights[key]
 
     def model_rows(self) -> list[ModelRow]:
-        """The loaded models (empty while loading)."""
+        """The models loaded, and those the stages run that load on their first run
+        (the recogniser), by name (empty while loading)."""
         if self.pipeline is None:
             return []
+        registry = self.pipeline.registry
+        loaded = registry.loaded()
         rows = []
-        for name, m in sorted(self.pipeline.registry.loaded().items()):
-            s = m.spec
+        for name in sorted({*loaded, *self.pipeline.model_names}):
+            m = loaded.get(name)
+            s = m.spec if m is not None else registry.entry(name).spec
             rows.append(ModelRow(name=name, version=s.sha256[:16], sha256=s.sha256,
-                                 precision=s.precision, provider=m.provider, file=s.file,
-                                 task=s.task, size=s.size, fallbacks=m.fallbacks))
+                                 precision=s.precision,
+                                 provider=m.provider if m is not None else "",
+                                 file=s.file, task=s.task, size=s.size,
+                                 fallbacks=m.fallbacks if m is not None else (),
+                                 loaded=m is not None))
         return rows
 
 
