@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cv2
 import numpy as np
 
 from facefuse.config import Settings
@@ -45,9 +46,13 @@ def blend_layer(image: np.ndarray, layer: FaceLayer, mode: str,
         out = poisson_blend(fg, bg, layer.mask)
     else:
         out = alpha_blend(fg, bg, layer.mask)
-    if layer.keep is not None:
-        out = alpha_blend(bg.astype(np.float32), out.astype(np.float32), layer.keep)
     res = np.asarray(out, np.float32)  # a fresh array from every blend: rounded in place
+    if layer.keep is not None:
+        # Only where something is kept (the keep mask is 0 elsewhere: the blend's own).
+        kx, ky, kw, kh = cv2.boundingRect((layer.keep > 0).view(np.uint8))
+        if kw and kh:
+            win = np.s_[ky:ky + kh, kx:kx + kw]
+            res[win] = alpha_blend(bg[win].astype(np.float32), res[win], layer.keep[win])
     np.rint(res, out=res)
     np.clip(res, 0, 255, out=res)
     image[y0:y1, x0:x1] = res

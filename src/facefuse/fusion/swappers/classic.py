@@ -160,6 +160,24 @@ def _source_crop(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: 
     return crop, small, local
 
 
+#: How far :func:`_crisp`'s growth and feather reach beyond the occluder, pixels.
+_CRISP_REACH = 4
+
+
+def _crisp(kept: np.ndarray) -> np.ndarray:
+    """(H, W) float32: the (H, W) bool occluder mask grown by a pixel and feathered
+    (σ 0.5), worked out only over its bounding box grown by what that reaches (0
+    beyond, as over the whole mask)."""
+    out = np.zeros(kept.shape, np.float32)
+    x, y, w, h = cv2.boundingRect(kept.view(np.uint8))
+    if w and h:
+        r = _CRISP_REACH
+        y0, x0 = max(0, y - r), max(0, x - r)
+        win = np.s_[y0:y + h + r, x0:x + w + r]
+        out[win] = occ.soften(kept[win].astype(np.float32), 1.0, 0.5)
+    return out
+
+
 def _to_working(points: np.ndarray, ratio: tuple[float, float]) -> np.ndarray:
     """Points (N, 3) in a crop's full pixel frame → its working frame, ``ratio`` =
     (x, y) working pixels per full pixel (pixel centres aligned: x ↔ (x + 0.5)·s −
@@ -528,7 +546,7 @@ class ClassicSwapper:
             # growth covers its anti-aliased edge): its pixels must come back exactly.
             if scale < 1.0:
                 keep = cv2.resize(keep, frame.size, interpolation=cv2.INTER_LINEAR)
-            keep = occ.soften((keep > 0.25).astype(np.float32), 1.0, 0.5)
+            keep = _crisp(keep > 0.25)
         return FaceLayer(region, face, mask, dst, keep, work.beyond)
 
     def _layer(
