@@ -126,11 +126,13 @@ class Settings:
     #: Requests accepted at once (beyond: 503 + Retry-After).
     max_inflight: int = 64
     #: Of those, requests decoded and in the pipeline at once; the others wait their
-    #: turn holding only their upload (bounds memory). Four keep two inference and
+    #: turn holding only their upload (bounds memory). Three keep two inference and
     #: two CPU workers busy on 2 cores: on a quiet host 4 instead of 8 lowered the
     #: peak RSS after 32 clients by 39-61 MB (VmHWM; anonymous 61-84 MB) at req/s
-    #: within 3 % either way.
-    max_active: int = 4
+    #: within 3 % either way, and 3 instead of 4 by 18-31 MB more (anonymous ~29 MB)
+    #: at req/s within 3 % (4 rounds of 8 clients: 14.17 against 14.14); 2 served
+    #: 5 % fewer.
+    max_active: int = 3
     #: Per-request deadline, seconds (504 when passed); clients may ask for less.
     request_timeout_s: float = 30.0
     #: Threads that run model batches, and threads for decode/warp/blend/encode.
