@@ -24,10 +24,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import AsyncGenerator
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from facefuse.errors import (
@@ -102,13 +104,22 @@ async def _read_multipart(
     request: Request, names: tuple[str, ...]
 ) -> tuple[dict[str, bytes], RequestFields]:
     boundary = _boundary(request.headers.get("content-type", ""))
-    body = await request.body()
+    body = await _read_body(request)
     if b"--" + boundary + b"--" not in body:
         raise BadRequestError("the multipart body is truncated (no closing boundary)")
     # Every part starts with the delimiter, and so does the close: counted before parsing.
     if body.count(b"--" + boundary) - 1 > MAX_PARTS:
         raise BadRequestError(f"the multipart body has more than {MAX_PARTS} parts")
-    form = await request.form(max_files=len(names) + 1, max_fields=MAX_PARTS)
+
+    async def whole() -> AsyncGenerator[bytes, None]:
+        yield body
+
+    parser = MultiPartParser(request.headers, whole(), max_files=len(names) + 1,
+                             max_fields=MAX_PARTS)
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise BadRequestError(exc.message) from None
     images: dict[str, bytes] = {}
     fields = RequestFields()
     try:
@@ -128,6 +139,13 @@ async def _read_multipart(
     finally:
         await form.close()
     return images, fields
+
+
+async def _read_body(request: Request) -> bytes:
+    """The whole body, not kept on ``request`` (``request.body()`` would keep it there
+    for the request's whole life, beside the images taken out of it)."""
+    chunks = [chunk async for chunk in request.stream()]
+    return b"".join(chunks)
 
 
 def _boundary(content_type: str) -> bytes:
@@ -172,7 +190,7 @@ def _max_depth(body: bytes) -> int:
 async def _read_json(
     request: Request, names: tuple[str, ...]
 ) -> tuple[dict[str, bytes], RequestFields]:
-    body = await request.body()
+    body = await _read_body(request)
     if not _json_depth_ok(body):
         raise BadRequestError(f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels")
     try:

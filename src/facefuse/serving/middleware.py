@@ -258,13 +258,15 @@ class BodyReader:
         return self._replay(body)
 
     def _replay(self, body: bytes) -> Receive:
-        sent = False
+        left: bytes | None = body
 
         async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            # Handed over once, and not kept here: the app keeps what it needs of it.
+            nonlocal left
+            if left is not None:
+                message: Message = {"type": "http.request", "body": left, "more_body": False}
+                left = None
+                return message
             return await self.disconnected()
 
         return replay
