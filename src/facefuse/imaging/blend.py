@@ -136,35 +136,40 @@ def laplacian_blend(
             raise InvalidArgumentError(f"levels must be a non-negative int, not {levels!r}")
         n = min(levels, cap)
     m = _mask_f32(mask, fg.shape)
-    b = bg.astype(np.float32)
-    diff = np.subtract(fg, b, dtype=np.float32)
+    diff = np.subtract(fg, bg, dtype=np.float32)
     if n == 0 or not np.any(m):
-        out0: F32 = b + _expand(m, fg) * diff
+        out0: F32 = bg.astype(np.float32) + _expand(m, fg) * diff
         return _finish(out0, fg, bg)
     squeeze = fg.ndim == 3 and fg.shape[2] == 1  # OpenCV would drop that axis
     d2 = diff[..., 0] if squeeze else diff
+    del diff  # (the pyramid holds its finest level: freed with it)
     acc = _pyramid_blend(d2, m, n)
-    b += acc[..., None] if squeeze else acc
-    return _finish(b, fg, bg)
+    del d2
+    # bg + acc, summed into acc (no float copy of bg beside it: the same sums).
+    out: F32 = acc[..., None] if squeeze else acc
+    np.add(out, bg, out=out, dtype=np.float32)
+    return _finish(out, fg, bg)
 
 
 def _pyramid_blend(diff: F32, mask: F32, n: int) -> F32:
     """``collapse(G(mask) · L(diff))`` with ``n`` reductions; diff (H, W[, C]) float32."""
     gauss_d: list[F32] = [diff]
+    del diff  # (the list holds it, and lets go of each level once it is used)
     gauss_m: list[F32] = [mask]
     for _ in range(n):
         gauss_d.append(_f32(cv2.pyrDown(gauss_d[-1])))
         gauss_m.append(_f32(cv2.pyrDown(gauss_m[-1])))
     # Coarsest band first, then add each finer band while expanding (in place: at
     # the finest levels every temporary is a full-size float image).
-    acc: F32 = _expand(gauss_m[n], gauss_d[n]) * gauss_d[n]
+    acc: F32 = _expand(gauss_m.pop(), gauss_d[n]) * gauss_d[n]
     for k in range(n - 1, -1, -1):
         size = (gauss_d[k].shape[1], gauss_d[k].shape[0])
-        band = _f32(cv2.pyrUp(gauss_d[k + 1], dstsize=size))
+        band = _f32(cv2.pyrUp(gauss_d.pop(), dstsize=size))
         np.subtract(gauss_d[k], band, out=band)
-        band *= _expand(gauss_m[k], band)
+        band *= _expand(gauss_m.pop(), band)
         acc = _f32(cv2.pyrUp(acc, dstsize=size))
         acc += band
+        del band
     return acc
 
 
