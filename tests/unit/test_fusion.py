@@ -152,6 +152,20 @@ def test_several_sources_use_the_best_face(fuser: FaceFuser, sample_images: dict
     assert any("used image 1" in n for n in result.notes)
 
 
+@pytest.mark.parametrize("evaluate", [False, True])
+def test_the_callers_images_are_left_alone(fuser: FaceFuser, sample_images: dict[str, np.ndarray],
+                                          evaluate: bool) -> None:
+    """The plan draws the faces into the target it was given when nothing reads it
+    afterwards (no quality figures): the library's own decoded copy, never the
+    caller's array."""
+    source, target = sample_images["obama"].copy(), sample_images["biden"].copy()
+    result = fuser.fuse(source, target, degree=80, evaluate=evaluate)
+    np.testing.assert_array_equal(source, sample_images["obama"])
+    np.testing.assert_array_equal(target, sample_images["biden"])
+    assert not np.array_equal(result.image, target)
+    assert bool(result.quality) == evaluate
+
+
 def test_source_without_face_is_a_typed_error(fuser: FaceFuser, sample_images: dict[str, np.ndarray]) -> None:
     wall = np.ascontiguousarray(sample_images["astronaut"][300:500, 0:200])  # flag and backdrop
     with pytest.raises(NoFaceError) as exc:

@@ -145,7 +145,9 @@ class FaceFuser:
                  timer: StageTimer | None = None) -> Planned:
         """Drive :func:`~facefuse.fusion.plan.fuse_plan` over decoded ``images``
         (sources, target[, reference]) on this process's sessions, one step after
-        another; ``timer`` (the decode time, say) is merged into the timings."""
+        another; ``timer`` (the decode time, say) is merged into the timings. The
+        images are the caller's to give up: unless the options ask for quality
+        figures, the fused faces are drawn into the target image itself."""
         timer = timer or StageTimer()
         scoring = StageTimer()
         plan = fuse_plan(req, self.analyser.models, images)
@@ -166,7 +168,8 @@ class FaceFuser:
                                   t)
             elif isinstance(step, Render):
                 answer = self.fuse_mapped(step.sources_rgb, step.pairs, step.target_rgb,
-                                          step.target_faces, step.options)
+                                          step.target_faces, step.options,
+                                          in_place=step.in_place)
             else:
                 answer = self.analyser.run(step.stage)
                 scoring.add("evaluate", t)
@@ -194,9 +197,13 @@ class FaceFuser:
         target_rgb: np.ndarray,
         target_faces: list[Face],
         options: FuseOptions,
+        *,
+        in_place: bool = False,
     ) -> FusionResult:
         """Fuse each pair's source face (from ``sources_rgb[pair.source_index]``) into
-        its target face, one after another on the same output image."""
+        its target face, one after another on the same output image: a copy of
+        ``target_rgb``, or (``in_place``: the caller's own image, not needed
+        afterwards) ``target_rgb`` itself, which spares a full-frame copy."""
         try:
             swapper = self.swappers[options.swapper]
         except KeyError:
@@ -205,7 +212,7 @@ class FaceFuser:
                 code="unknown_swapper") from None
         timer = StageTimer()
         t = time.perf_counter()
-        out = target_rgb.copy()
+        out = target_rgb if in_place else target_rgb.copy()
         fused: list[FusedFace] = []
         first = pairs[0].source_face
         if options.degree == 0 and options.shape in (None, 0) and options.texture in (None, 0):

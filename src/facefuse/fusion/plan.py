@@ -116,13 +116,16 @@ class Analyse:
 @dataclass(frozen=True)
 class Render:
     """Render the pairs (:meth:`~facefuse.fusion.engine.FaceFuser.fuse_mapped`); answer
-    with its FusionResult."""
+    with its FusionResult. ``in_place``: nothing reads the target image after the
+    render (no quality figures are asked for), so it may be drawn into instead of a
+    full-frame copy of it."""
 
     sources_rgb: tuple[np.ndarray, ...]
     pairs: tuple[MappedFace, ...]
     target_rgb: np.ndarray
     target_faces: list[Face]
     options: FuseOptions
+    in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,8 @@ def fuse_plan(req: FuseRequest, models: FaceModels,
     targets = by_role["target"]
     pairs, notes, skipped = _pairs(req, sources, targets, by_role.get("reference"))
     result: FusionResult = yield Render(tuple(images[:n]), tuple(pairs), target_rgb, targets,
-                                        dataclasses.replace(opts, evaluate=False))
+                                        dataclasses.replace(opts, evaluate=False),
+                                        in_place=not opts.evaluate)
     result.notes = notes + result.notes
     result.skipped = skipped
     if opts.evaluate:

@@ -574,9 +574,9 @@ class Pipeline:
                     for job in step.jobs)
                 answer = [a.faces for a in analyses]
             elif isinstance(step, Render):
-                answer = await self.in_cpu_pool(self.fuser.fuse_mapped, step.sources_rgb,
-                                                step.pairs, step.target_rgb, step.target_faces,
-                                                step.options)
+                answer = await self.in_cpu_pool(functools.partial(
+                    self.fuser.fuse_mapped, step.sources_rgb, step.pairs, step.target_rgb,
+                    step.target_faces, step.options, in_place=step.in_place))
                 ctx.timer.add("fuse", t)
             else:
                 answer = await self.run(step.stage, ctx)
