@@ -306,6 +306,7 @@ def full_resolution_layer(
         mx, my = full_maps(*target_maps, valid, target, target, moved)
         warped[y0:y1, x0:x1] = cv2.remap(target.full, mx, my, INTERPOLATION,
                                          borderMode=cv2.BORDER_REFLECT_101)
+        del mx, my  # (full-size maps: let go before the detail's own buffers)
     layer: np.ndarray = warped.astype(np.float32)
     split_small = max(SPLIT_SIGMA, MIN_SPLIT_PX * min(target.ratio))
     change = low_pass(np.subtract(fused_small, target_small, dtype=np.float32), split_small)
@@ -313,6 +314,7 @@ def full_resolution_layer(
         # (At the working scale: the kept features' masks are feathered, smooth.)
         change *= each_channel(1.0 - own_small)
     layer += upsample(change, size)
+    del change
     # Off the mesh's inner part the source maps are undefined: no source detail
     # within a working pixel of the mesh's edge, nor of where the source map tears.
     inner = cv2.erode((valid & ~map_tears(*source_maps, valid)).astype(np.uint8),
@@ -333,6 +335,7 @@ def full_resolution_layer(
     sx, sy = full_maps(*source_maps, valid, target, source, box)
     src_y = cv2.remap(source.full_luma, sx, sy, INTERPOLATION,
                       borderMode=cv2.BORDER_REFLECT_101)
+    del sx, sy
     warped_box = warped[y0:y1, x0:x1]
     tgt_y = luma(warped_box)
     detail = _matched_detail(src_y, tgt_y, luma(target.full[y0:y1, x0:x1]), where, split)
