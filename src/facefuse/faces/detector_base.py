@@ -234,17 +234,20 @@ def away_from_inner_edges(boxes: np.ndarray, t: Letterbox) -> np.ndarray:
     return ok
 
 
-def _holds(tile: tuple[int, int, int, int], box: np.ndarray, width: int, height: int) -> bool:
-    """Whether ``tile`` (x0, y0, w, h) of a ``width``×``height`` image holds ``box``
-    (x0, y0, x1, y1) whole, clear of its inner edges by the margin the merge keeps
-    (:func:`away_from_inner_edges`)."""
+#: :func:`holds`: a tile that leaves out more than this share of a face box's width on
+#: a side cuts the face there, and drops what it finds of it as cut.
+HOLD_SLACK = 0.05
+
+
+def holds(tile: tuple[int, int, int, int], box: np.ndarray) -> bool:
+    """Whether ``tile`` (x0, y0, w, h) holds the face ``box`` (x0, y0, x1, y1): the box,
+    shrunk by :data:`HOLD_SLACK` of its width on every side, lies inside the tile
+    (generous: a tile that holds it is never passed over, one that cuts it runs
+    in vain at worst)."""
     tx, ty, tw, th = tile
-    margin = TILE_EDGE_MARGIN * max(tw, th)
-    left = box[0] > tx + margin if tx > 0 else box[0] >= tx
-    top = box[1] > ty + margin if ty > 0 else box[1] >= ty
-    right = box[2] < tx + tw - margin if tx + tw < width else box[2] <= tx + tw
-    bottom = box[3] < ty + th - margin if ty + th < height else box[3] <= ty + th
-    return bool(left and top and right and bottom)
+    s = HOLD_SLACK * float(box[2] - box[0])
+    return bool(tx <= box[0] + s and box[2] - s <= tx + tw
+                and ty <= box[1] + s and box[3] - s <= ty + th)
 
 
 def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
@@ -264,6 +267,7 @@ def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
 Crop = tuple[int, int, int, int]
 #: One model input: a ``(3, S, S)`` float32 tensor and where it came from.
 Pass = tuple[np.ndarray, Letterbox]
+
 
 class BatchedDetector:
     """A detector whose model runs on stacked tensors: :meth:`preprocess` (CPU) →
@@ -309,15 +313,15 @@ class BatchedDetector:
 
     def tile_passes(self, image: np.ndarray, around: Detection | None = None) -> list[Pass]:
         """``preprocess(image)[1:]``: the tiles alone (none for a small image). With
-        ``around``, only the tiles that hold that face's box whole, clear of their
-        inner edges (all of them when none does): a tile that holds it in part
-        drops its piece of it as cut (:func:`away_from_inner_edges`), so for that
-        face these passes find what all the tiles find."""
+        ``around``, only the tiles that hold that face (:func:`holds`; all of them
+        when none does): a tile that holds it in part drops its piece of it as cut
+        (:func:`away_from_inner_edges`), so for that face these passes find what
+        all the tiles find."""
         h, w = image.shape[:2]
         crops = self.crops(w, h)
         tiles = crops[1:]
         if around is not None:
-            holding = [t for t in tiles if _holds(t, around.bbox, w, h)]
+            holding = [t for t in tiles if holds(t, around.bbox)]
             tiles = holding or tiles
         return self._passes(image, tiles, crops) if tiles else []
 
