@@ -20,6 +20,7 @@ from facefuse.errors import FaceTooSmallError, NoFaceError
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.mapping import MappedFace
 from facefuse.fusion.types import FuseOptions, FusionResult
 from facefuse.toolchain.samples import SAMPLES, identity_of
 
@@ -164,6 +165,31 @@ def test_the_callers_images_are_left_alone(fuser: FaceFuser, sample_images: dict
     np.testing.assert_array_equal(target, sample_images["biden"])
     assert not np.array_equal(result.image, target)
     assert bool(result.quality) == evaluate
+
+
+@pytest.mark.parametrize("degree", [0.0, 80.0])
+def test_drawing_into_the_target_gives_the_copys_pixels(
+        fuser: FaceFuser, make_group: Callable[..., np.ndarray],
+        sample_images: dict[str, np.ndarray], degree: float) -> None:
+    """``fuse_mapped(in_place=True)`` draws into the target itself the very pixels it
+    draws into a copy, two faces of a group one after the other included; a target
+    that a source shares is copied all the same."""
+    group = make_group(["biden", "obama2"])
+    faces = fuser.analyser.analyse(group, purpose="all")
+    sources = [sample_images["obama"], sample_images["astronaut"]]
+    pairs = [MappedFace(i, fuser.analyser.analyse(s)[0], i) for i, s in enumerate(sources)]
+    options = FuseOptions(degree=degree, evaluate=False)
+    copied = fuser.fuse_mapped(sources, pairs, group, faces, options)
+    target = group.copy()
+    drawn = fuser.fuse_mapped(sources, pairs, target, faces, options, in_place=True)
+    assert drawn.image is target
+    np.testing.assert_array_equal(drawn.image, copied.image)
+    np.testing.assert_array_equal(group, make_group(["biden", "obama2"]))
+    shared = group.copy()
+    self_pair = [MappedFace(0, faces[0], 1)]
+    alone = fuser.fuse_mapped([shared], self_pair, shared, faces, options, in_place=True)
+    assert alone.image is not shared
+    np.testing.assert_array_equal(shared, group)
 
 
 def test_source_without_face_is_a_typed_error(fuser: FaceFuser, sample_images: dict[str, np.ndarray]) -> None:

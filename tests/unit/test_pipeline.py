@@ -8,6 +8,8 @@ Each test builds a Pipeline on the test's event loop over the shared registry
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 
 from facefuse.config import Settings
-from facefuse.errors import InvalidArgumentError, NoFaceError
+from facefuse.errors import InvalidArgumentError, ModelError, NoFaceError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion.engine import FaceFuser
@@ -26,6 +28,7 @@ from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.encode import encode_image
 from facefuse.imaging.output import OutputPolicy
+from facefuse.runtime.manifest import MANIFEST_NAME, Manifest
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.pipeline import Analysis, Pipeline, RequestContext
 
@@ -220,3 +223,38 @@ async def test_the_recogniser_loads_on_its_first_embedding(
         faces = (await pipeline.analyse(rgb, digest, ctx, embed=True)).faces
         assert faces[0].embedding is not None
         assert "dlib_resnet" in registry.loaded()
+
+
+async def test_a_reload_checks_the_recogniser_it_has_not_loaded(
+    settings: Settings, model_dir: Path, tmp_path: Path,
+) -> None:
+    """A reload resolves and verifies the recogniser's file too though it is not loaded:
+    a corrupt one refuses the whole reload (the old models and cache keys stay), a
+    new one is reported changed and keys the caches, still without loading it."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for f in model_dir.iterdir():
+        if f.suffix == ".onnx":
+            (models / f.name).symlink_to(f)
+    shutil.copy(model_dir / MANIFEST_NAME, models / MANIFEST_NAME)
+    own = settings.replace(models_dir=models)
+    registry = ModelRegistry(own)
+    async with running(own, registry) as pipeline:
+        before = dict(pipeline.model_versions)
+        spec = registry.entry("dlib_resnet").spec
+        (models / spec.file).unlink()
+        (models / spec.file).write_bytes(b"not a model")
+        with pytest.raises(ModelError):
+            await pipeline.reload()
+        assert pipeline.model_versions == before
+        assert registry.entry("dlib_resnet").spec == spec
+        data = (model_dir / spec.file).read_bytes() + b"\0"  # a new version of it
+        (models / "dlib_resnet_v2.onnx").write_bytes(data)
+        manifest = Manifest.load(models)
+        manifest.models["dlib_resnet"] = dataclasses.replace(
+            spec, file="dlib_resnet_v2.onnx", sha256=hashlib.sha256(data).hexdigest(),
+            size=len(data))
+        manifest.save(models)
+        assert await pipeline.reload() == ["dlib_resnet"]
+        assert pipeline.model_versions["dlib_resnet"] == hashlib.sha256(data).hexdigest()[:16]
+        assert "dlib_resnet" not in registry.loaded()

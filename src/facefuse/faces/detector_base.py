@@ -316,7 +316,9 @@ class BatchedDetector:
         ``around``, only the tiles that hold that face (:func:`holds`; all of them
         when none does): a tile that holds it in part drops its piece of it as cut
         (:func:`away_from_inner_edges`), so for that face these passes find what
-        all the tiles find."""
+        all the tiles would (measured: the same landmarks on 48 ~2 MP portraits
+        and 160 transformed sample photos). A face the whole image missed that only
+        a tile left out would see is not looked for."""
         h, w = image.shape[:2]
         crops = self.crops(w, h)
         tiles = crops[1:]

@@ -254,9 +254,9 @@ def detect(
     pass runs alone first; the tiles of a large image (which exist to find faces
     too small for that pass) run only when it finds no face of at least
     :data:`COARSE_ENOUGH` of the long side, and then only those that hold the
-    largest face it found whole (every tile when it found none), and all passes
-    are merged as without ``coarse_first``: for that face the result is the one
-    every tile gives (a tile holding it in part drops it as cut). A 1–2 MP portrait
+    largest face it found (every tile when it found none), and all passes are
+    merged as without ``coarse_first``: for that face the result is in practice the
+    one every tile gives (a tile holding it in part drops it as cut). A 1–2 MP portrait
     costs one or two detector passes instead of three; the faces found are then
     those of the passes run only, so the result is cached apart from an every-face
     analysis.

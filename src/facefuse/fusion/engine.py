@@ -212,7 +212,9 @@ class FaceFuser:
                 code="unknown_swapper") from None
         timer = StageTimer()
         t = time.perf_counter()
-        out = target_rgb if in_place else target_rgb.copy()
+        # (Never into an image a source shares: the later pairs read the sources.)
+        own = in_place and not any(np.may_share_memory(s, target_rgb) for s in sources_rgb)
+        out = target_rgb if own else target_rgb.copy()
         fused: list[FusedFace] = []
         first = pairs[0].source_face
         if options.degree == 0 and options.shape in (None, 0) and options.texture in (None, 0):

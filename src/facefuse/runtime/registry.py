@@ -196,18 +196,22 @@ class ModelRegistry:
         """The models loaded so far, by base name."""
         return dict(self._loaded)
 
-    def reload(self, names: Iterable[str] | None = None) -> list[str]:
+    def reload(self, names: Iterable[str] | None = None, *,
+               check: Iterable[str] = ()) -> list[str]:
         """Re-read the manifest on disk and swap in new sessions, all or nothing.
 
         Every model loaded so far (plus ``names``) is resolved against the new
-        manifest and its file verified by sha256. Unchanged models (same file and
-        sha256) keep their session; changed ones get a new session built beside the
-        old one. Only when every model loaded does the registry swap its manifest and
-        model dict in one step: callers holding an old :class:`LoadedModel` finish
-        on it, the next :meth:`get` returns the new one.
+        manifest and its file verified by sha256; so is every model of ``check``
+        that is not loaded (one loaded on its first run), without loading it.
+        Unchanged models (same file and sha256) keep their session; changed ones get
+        a new session built beside the old one. Only when every model loaded (and
+        every checked file is sound) does the registry swap its manifest and model
+        dict in one step: callers holding an old :class:`LoadedModel` finish on it,
+        the next :meth:`get` returns the new one.
 
         Returns:
-            The base names whose model changed (empty when nothing did).
+            The base names whose model changed (empty when nothing did), those of
+            ``check`` whose entry changed included.
 
         Raises:
             ModelError: a missing, corrupt or unloadable model or manifest; nothing
@@ -227,6 +231,15 @@ class ModelRegistry:
                     fresh[name] = old
                 else:
                     fresh[name] = self._load(spec)
+                    changed.append(name)
+            for name in dict.fromkeys(check):
+                if name in fresh:
+                    continue
+                spec = choose_variant(manifest, name, self.settings)
+                verify_file(self.models_dir, spec)
+                with self._lock:
+                    before = choose_variant(self._current_manifest(), name, self.settings)
+                if spec != before:
                     changed.append(name)
             with self._lock:
                 # Models lazily loaded meanwhile from the old manifest are dropped; the

@@ -31,7 +31,7 @@ from facefuse.errors import FacefuseError, InvalidArgumentError
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.budget import MemoryBudget, budget_bytes, current_rss_bytes
 from facefuse.serving.cache.results import InProcessResultCache, RedisResultCache, ResultCache
-from facefuse.serving.heap import release_free_heap, trim_when_idle
+from facefuse.serving.heap import free_heap_bound, release_free_heap, trim_when_idle
 from facefuse.serving.http_errors import install_error_handlers
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.middleware import RequestContextMiddleware
@@ -73,15 +73,18 @@ def build_l2(settings: Settings) -> ResultCache:
                                 max_item_bytes=settings.l2_max_item_bytes)
 
 
-def request_pool_bytes(settings: Settings) -> int:
+def request_pool_bytes(settings: Settings, reserved: int = 0) -> int:
     """The part of the memory budget left to requests: the budget less what this
-    process holds now (models, runtime: measured) and the caches' bounds.
+    process holds now (models, runtime: measured), the caches' bounds, what the C
+    heap may keep free meanwhile (:func:`~facefuse.serving.heap.free_heap_bound`) and
+    ``reserved`` bytes (the models still to load on their first run).
 
     Raises:
         InvalidArgumentError: less than one maximal body is left.
     """
     caches = settings.l1_cache_bytes + (0 if settings.redis_url else settings.l2_cache_bytes)
-    pool = budget_bytes(settings) - current_rss_bytes() - caches
+    pool = (budget_bytes(settings) - current_rss_bytes() - caches - free_heap_bound()
+            - reserved)
     if pool < settings.max_body_bytes:
         raise InvalidArgumentError(
             f"memory budget {budget_bytes(settings) >> 20} MiB leaves {max(0, pool) >> 20} MiB "
@@ -132,7 +135,7 @@ def _lifespan(
         pipeline.start()
         # Model loading and warm-up leave tens of MB of freed buffers resident.
         release_free_heap()
-        pool = request_pool_bytes(settings)
+        pool = request_pool_bytes(settings, pipeline.deferred_bytes)
         assert svc.budget is not None
         svc.budget.set_capacity(pool)
         svc.pipeline = pipeline

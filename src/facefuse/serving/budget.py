@@ -7,7 +7,7 @@ by their settings; what is left of the budget is the *request pool*, shared by
 * upload bodies (their ``Content-Length``, reserved before the body is read), and
 * decoded images: :data:`BYTES_PER_PIXEL` per pixel of every image a request
   decodes (read from the headers, reserved before decoding, held until the
-  request's pipeline work ends — decoded arrays, analysis crops, the fused copy
+  request's pipeline work ends — decoded arrays, analysis crops, the fused image
   and the encoded output all live inside that span).
 
 A reservation waits (first come, first served, so a large request is not starved

@@ -28,7 +28,9 @@ Exported series (names operators already know from Triton / Ray Serve):
   store wiped) or ``damaged`` (quarantined), seen by this process
 * ``facefuse_process_resident_memory_bytes`` — VmRSS, read at scrape time
 * ``facefuse_process_peak_resident_memory_bytes`` — VmHWM (peak RSS), read at scrape time
-* ``facefuse_model_info{name,version,precision,provider}`` — 1 per loaded model
+* ``facefuse_model_info{name,version,precision,provider}`` — 1 per model the stages
+  run (``provider`` empty for one that loads on its first run, until the model
+  watcher sees it loaded)
 
 Label ``route`` must be the route *template* (``/v1/fuse``), never the raw path,
 so a scanner cannot blow up the series count.

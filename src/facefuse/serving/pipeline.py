@@ -56,6 +56,7 @@ from facefuse.imaging.decode import DecodeLimits, check_header, decode_image
 from facefuse.imaging.encode import content_type
 from facefuse.imaging.output import OutputPolicy
 from facefuse.runtime.batch_policy import batch_policy
+from facefuse.runtime.manifest import ModelSpec
 from facefuse.runtime.providers import device_of
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.runtime.warmup import warm_up
@@ -227,6 +228,7 @@ class Pipeline:
         #: readiness waits for them, warm-up runs them.
         self.startup_models: tuple[str, ...] = tuple(
             n for n in self.model_names if n in registry.loaded())
+        self._deferred = self._deferred_specs()
         self._unbatched = stages.registry_runner(registry)
         self.infer_pool: Executor = ThreadPoolExecutor(
             max(1, settings.inference_workers), thread_name_prefix="ff-infer"
@@ -279,10 +281,28 @@ class Pipeline:
 
         return run
 
+    def _deferred_specs(self) -> dict[str, ModelSpec]:
+        """The manifest entries of the models the stages run that are not loaded yet
+        (read off the event loop: the registry's lock is held through a load)."""
+        loaded = self.registry.loaded()
+        return {n: self.registry.entry(n).spec for n in self.model_names if n not in loaded}
+
+    def model_specs(self) -> dict[str, ModelSpec]:
+        """name → manifest entry of every model the stages run, loaded or loaded on its
+        first run, and of any other loaded one (age, gender), by name."""
+        loaded = {n: m.spec for n, m in self.registry.loaded().items()}
+        return dict(sorted({**self._deferred, **loaded}.items()))
+
+    @property
+    def deferred_bytes(self) -> int:
+        """Memory to keep for the models still to load on their first run: twice their
+        files' size (a session holds about its file; loading it, twice that)."""
+        loaded = self.registry.loaded()
+        return sum(2 * s.size for n, s in self._deferred.items() if n not in loaded)
+
     def _model_versions(self) -> dict[str, str]:
         """Every model the stages may run, loaded or not yet (its manifest entry)."""
-        names = sorted({*self.model_names, *self.registry.loaded()})
-        return {name: self.registry.entry(name).spec.sha256[:16] for name in names}
+        return {name: spec.sha256[:16] for name, spec in self.model_specs().items()}
 
     @property
     def models(self) -> FaceModels:
@@ -350,7 +370,10 @@ class Pipeline:
             return changed
 
     def _reload_blocking(self) -> list[str]:
-        changed = self.registry.reload(self.startup_models)
+        loaded = self.registry.loaded()
+        changed = self.registry.reload(
+            self.startup_models, check=[n for n in self.model_names if n not in loaded])
+        self._deferred = self._deferred_specs()
         if changed:
             old, self.fuser = self.fuser, FaceFuser(self.settings,
                                                     FaceAnalyser(self.settings, self.registry))

@@ -25,6 +25,7 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.runtime.manifest import Manifest
 from facefuse.serving.app import create_app
+from facefuse.serving.heap import ARENAS, TRIM_THRESHOLD
 from facefuse.serving.http_protocol import GuardedHttpProtocol
 from facefuse.serving.logs import configure_logging
 from facefuse.serving.metrics import MULTIPROC_DIR_ENV
@@ -50,19 +51,9 @@ M_TRIM_THRESHOLD = -1
 #: ~7 MB less RSS than a fixed 32 MiB, which is where glibc's own threshold climbs.
 MMAP_THRESHOLD = 4 * 1024 * 1024
 
-#: Free memory at the top of a heap beyond this goes back to the system on ``free``.
-#: glibc starts at 128 KiB and raises it to twice the mmap threshold as that climbs;
-#: a pinned mmap threshold stops the climb, and at 128 KiB the heap gave back the
-#: buffers of nearly every request as it freed them, for the next one to fault them
-#: in again: measured in the server (1 client, ~2 MP portraits), ~9000 page faults
-#: and 34 ms of system CPU a request, p50 110 ms; at 32 MiB ~1500 faults, 18 ms and
-#: 90 ms, and req/s at 8 clients +12 %, with the same peak RSS after 32 clients (the
-#: peak is live buffers). What stays free after a burst goes back when the server
-#: falls idle (:func:`facefuse.serving.heap.trim_when_idle`).
-TRIM_THRESHOLD = 32 * 1024 * 1024
 
 
-def limit_malloc_arenas(arenas: int = 2) -> bool:
+def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
     """Cap glibc's malloc arenas, as ``MALLOC_ARENA_MAX=2`` would (unless that is set).
 
     Every thread that contends for the heap otherwise gets an arena of its own, and

@@ -152,12 +152,10 @@ class Services:
         (the recogniser), by name (empty while loading)."""
         if self.pipeline is None:
             return []
-        registry = self.pipeline.registry
-        loaded = registry.loaded()
+        loaded = self.pipeline.registry.loaded()
         rows = []
-        for name in sorted({*loaded, *self.pipeline.model_names}):
+        for name, s in self.pipeline.model_specs().items():
             m = loaded.get(name)
-            s = m.spec if m is not None else registry.entry(name).spec
             rows.append(ModelRow(name=name, version=s.sha256[:16], sha256=s.sha256,
                                  precision=s.precision,
                                  provider=m.provider if m is not None else "",

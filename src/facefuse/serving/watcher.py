@@ -83,13 +83,17 @@ async def watch_models(svc: Services) -> None:
     _reload_counter(svc)
 
     def current() -> Fingerprint:
-        files = [m.spec.file for m in pipeline.registry.loaded().values()]
+        files = [s.file for s in pipeline.model_specs().values()]
         return fingerprint(models_dir, files)
 
     loop = asyncio.get_running_loop()
     seen = await loop.run_in_executor(None, current)
+    loaded = set(pipeline.registry.loaded())
     while True:
         await asyncio.sleep(interval)
+        if set(pipeline.registry.loaded()) != loaded:  # one loaded on its first run
+            loaded = set(pipeline.registry.loaded())
+            svc.metrics.set_models(svc.model_rows())
         now = await loop.run_in_executor(None, current)
         if now == seen:
             continue

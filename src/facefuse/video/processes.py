@@ -20,8 +20,9 @@ parent decides when they stop) and take SIGTERM's default (containers send it
 to the parent alone; a parent's handler, such as the job worker's hand-back, is
 not theirs to run). A child writes to its own standard streams: another thread
 of the parent may have held the old ones' locks at the fork. Its garbage collector
-never frees what it inherited (:func:`gc.freeze`): releasing an inherited PyAV
-frame would wait for the parent's scaler threads, which a fork does not copy.
+never looks at what it inherited (:func:`gc.freeze`, across the fork): releasing an
+inherited PyAV frame would wait for the parent's scaler threads, which a fork does
+not copy (the children drop no reference of the parent's to one either).
 
 A fork has a cost in the parent too: a page it writes first after the fork is
 copied then (its next face analysis took ~4 800 such faults, 25 → 42 ms), once
@@ -72,8 +73,9 @@ def _die_with_parent(parent: int) -> None:
 
 def _start_child(fn: Callable[..., Any], parent: int) -> None:
     global _CALL
-    # The cyclic garbage collector leaves alone every object this child inherited:
-    # an unreachable cycle of the parent's could hold a decoded PyAV frame, whose
+    # The cyclic garbage collector leaves alone every object this child inherited
+    # (frozen by the parent across the fork; what the start-up made too): an
+    # unreachable cycle of the parent's could hold a decoded PyAV frame, whose
     # release frees a scaler that joins the parent's worker threads, which do not
     # exist here, and the child would wait for them forever.
     gc.freeze()
@@ -122,12 +124,17 @@ class ForkedCalls:
                                          initializer=_start_child, initargs=(fn, os.getpid()))
         # The children are forked now, by a first call that does nothing: they
         # start up while the caller goes on (a clip: its first frame is decoded
-        # and tracked meanwhile), not when its first real call comes.
+        # and tracked meanwhile), not when its first real call comes. Every object
+        # of this process is frozen across the fork, so the children's collectors
+        # never free one of them (see _start_child) from their first step on.
+        gc.freeze()
         try:
             self._pool.submit(int)
         except BaseException:
             self._pool.shutdown(wait=False, cancel_futures=True)
             raise
+        finally:
+            gc.unfreeze()
         # (CPython's pool keeps them here; with fork, all are started at once.)
         self._children: list[Any] = list(getattr(self._pool, "_processes", {}).values())
 

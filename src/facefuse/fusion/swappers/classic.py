@@ -160,21 +160,21 @@ def _source_crop(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: 
     return crop, small, local
 
 
-#: How far :func:`_crisp`'s growth and feather reach beyond the occluder, pixels.
+#: How far :func:`_crisp`'s growth and feather reach beyond the occluder, rows.
 _CRISP_REACH = 4
 
 
 def _crisp(kept: np.ndarray) -> np.ndarray:
     """(H, W) float32: the (H, W) bool occluder mask grown by a pixel and feathered
-    (σ 0.5), worked out only over its bounding box grown by what that reaches (0
-    beyond, as over the whole mask)."""
+    (σ 0.5), worked out only over the rows of its bounding box and what that reaches
+    (0 beyond, as over the whole mask). Whole rows: OpenCV's blur of a row cut at
+    another column sums in another order, a last-bit difference."""
     out = np.zeros(kept.shape, np.float32)
-    x, y, w, h = cv2.boundingRect(kept.view(np.uint8))
+    _, y, w, h = cv2.boundingRect(kept.view(np.uint8))
     if w and h:
         r = _CRISP_REACH
-        y0, x0 = max(0, y - r), max(0, x - r)
-        win = np.s_[y0:y + h + r, x0:x + w + r]
-        out[win] = occ.soften(kept[win].astype(np.float32), 1.0, 0.5)
+        rows = np.s_[max(0, y - r):y + h + r]
+        out[rows] = occ.soften(kept[rows].astype(np.float32), 1.0, 0.5)
     return out
 
 
