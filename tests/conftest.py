@@ -73,6 +73,23 @@ def model_dir(settings: Settings) -> Path:
     return settings.model_dir
 
 
+@pytest.fixture
+def private_models(model_dir: Path, tmp_path: Path) -> Path:
+    """A model directory of the test's own: the model files linked, the manifest
+    copied (so a test may republish or break a model without touching the zoo)."""
+    import shutil
+
+    from facefuse.runtime.manifest import MANIFEST_NAME
+
+    out = tmp_path / "models"
+    out.mkdir()
+    for f in model_dir.iterdir():
+        if f.suffix == ".onnx":
+            (out / f.name).symlink_to(f)
+    shutil.copy(model_dir / MANIFEST_NAME, out / MANIFEST_NAME)
+    return out
+
+
 @pytest.fixture(scope="session")
 def registry(settings: Settings, model_dir: Path) -> ModelRegistry:
     return ModelRegistry(settings)

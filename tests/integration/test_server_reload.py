@@ -9,7 +9,6 @@ admin route — and the old models keep serving.
 from __future__ import annotations
 
 import hashlib
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -23,21 +22,14 @@ import pytest
 from server_harness import ServerProcess, graceful, photo_variants
 
 from facefuse.config import Settings
-from facefuse.runtime.manifest import MANIFEST_NAME, Manifest
+from facefuse.runtime.manifest import Manifest
 
 MODEL = "dlib_resnet"
 
 
 @pytest.fixture
-def models(model_dir: Path, tmp_path: Path) -> Path:
-    """A private model directory: the files linked, the manifest copied."""
-    out = tmp_path / "models"
-    out.mkdir()
-    for f in model_dir.iterdir():
-        if f.suffix == ".onnx":
-            (out / f.name).symlink_to(f)
-    shutil.copy(model_dir / MANIFEST_NAME, out / MANIFEST_NAME)
-    return out
+def models(private_models: Path) -> Path:
+    return private_models
 
 
 @pytest.fixture

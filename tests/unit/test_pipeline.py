@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.encode import encode_image
 from facefuse.imaging.output import OutputPolicy
-from facefuse.runtime.manifest import MANIFEST_NAME, Manifest
+from facefuse.runtime.manifest import Manifest
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.serving.pipeline import Analysis, Pipeline, RequestContext
 
@@ -226,17 +225,12 @@ async def test_the_recogniser_loads_on_its_first_embedding(
 
 
 async def test_a_reload_checks_the_recogniser_it_has_not_loaded(
-    settings: Settings, model_dir: Path, tmp_path: Path,
+    settings: Settings, model_dir: Path, private_models: Path,
 ) -> None:
     """A reload resolves and verifies the recogniser's file too though it is not loaded:
     a corrupt one refuses the whole reload (the old models and cache keys stay), a
     new one is reported changed and keys the caches, still without loading it."""
-    models = tmp_path / "models"
-    models.mkdir()
-    for f in model_dir.iterdir():
-        if f.suffix == ".onnx":
-            (models / f.name).symlink_to(f)
-    shutil.copy(model_dir / MANIFEST_NAME, models / MANIFEST_NAME)
+    models = private_models
     own = settings.replace(models_dir=models)
     registry = ModelRegistry(own)
     async with running(own, registry) as pipeline:
