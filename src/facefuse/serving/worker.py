@@ -318,7 +318,7 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
     worker.start()
     log.warning("facefuse worker ready", extra={"fields": {"worker": runner.name}})
     print(f"facefuse worker {runner.name} ready", flush=True)
-    stop.wait()
+    wait_for_stop(stop)
     shut_down(worker, runner, flight, settings.shutdown_grace_s)
     print(f"facefuse worker {runner.name} stopped", flush=True)
     logging.shutdown()
@@ -326,6 +326,23 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)
+
+
+#: Seconds between two looks at the stop flag of a waiting main thread.
+STOP_POLL_S = 0.5
+
+
+def wait_for_stop(stop: threading.Event, poll_s: float = STOP_POLL_S) -> None:
+    """Wait in the main thread until ``stop`` is set, in slices of ``poll_s``.
+
+    A signal the kernel hands to another thread (any of the job's threads may take
+    the process's SIGTERM) sets the handler's flag but does not wake a main thread
+    blocked on a lock, and Python runs the handler only in the main thread between
+    two bytecodes: an untimed ``stop.wait()`` then never returned (a SIGTERM'd worker
+    still running 90 s later, its main thread in ``stop.wait()``). Each slice lets
+    the handler run."""
+    while not stop.wait(poll_s):
+        pass
 
 
 def shut_down(worker: Any, runner: JobRunner, flight: Any, grace_s: float) -> bool:
