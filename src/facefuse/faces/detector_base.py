@@ -158,28 +158,45 @@ def _starts(extent: int, tile: int, stride: int) -> list[int]:
     return [round(i * (extent - tile) / (n - 1)) for i in range(n)]
 
 
+@dataclass(frozen=True)
+class Shrunk:
+    """An image shrunk once for a set of its passes (:func:`shrink_for`): ``small``, its
+    ``k``-fold area average (the image itself for ``k`` = 1), and the ``image``'s
+    (width, height)."""
+
+    small: np.ndarray
+    k: int
+    width: int
+    height: int
+
+
+def shrink_for(image: np.ndarray, size: int,
+               crops: Sequence[tuple[int, int, int, int]]) -> Shrunk:
+    """``image`` shrunk by the largest integer factor every pass of ``crops`` can
+    afford (OpenCV's fast exact area path); the < k pixels at the right/bottom that
+    do not fill a k×k block are dropped."""
+    h, w = image.shape[:2]
+    k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // size), w, h)
+    if k < 2:
+        return Shrunk(image, 1, w, h)
+    wk, hk = w // k, h // k
+    small = cv2.resize(image[: hk * k, : wk * k], (wk, hk), interpolation=cv2.INTER_AREA)
+    return Shrunk(small, k, w, h)
+
+
 def letterbox_passes(
-    image: np.ndarray, size: int, crops: Sequence[tuple[int, int, int, int]],
-    shrink_for: Sequence[tuple[int, int, int, int]] | None = None,
+    image: np.ndarray | Shrunk, size: int, crops: Sequence[tuple[int, int, int, int]],
 ) -> list[tuple[np.ndarray, Letterbox]]:
     """Letterbox each crop ``(x0, y0, w, h)`` of ``image`` into a ``size``×``size`` canvas.
 
-    The image is shrunk once by the largest integer factor every pass of
-    ``shrink_for`` (default: ``crops``) can afford (OpenCV's fast exact area
-    path) and every pass is cut and fitted from that copy; the < k pixels at the
-    right/bottom that do not fill a k×k block are dropped. Returns ``(canvas
-    (size, size, 3) uint8, Letterbox)`` per crop, the Letterbox mapping canvas
-    pixels to ``image`` pixels. (Passes of one set cut apart, ``shrink_for`` the
-    whole set, are exactly those of the set cut at once.)
+    The image is shrunk once (:func:`shrink_for` those crops; or given shrunk for a
+    larger set of passes, a :class:`Shrunk`: the passes of a set cut apart are then
+    exactly those of the set cut at once) and every pass is cut and fitted from that
+    copy. Returns ``(canvas (size, size, 3) uint8, Letterbox)`` per crop, the
+    Letterbox mapping canvas pixels to the image's pixels.
     """
-    h, w = image.shape[:2]
-    sides = crops if shrink_for is None else shrink_for
-    k = min(int(min(max(cw, ch) for _, _, cw, ch in sides) // size), w, h)
-    if k >= 2:
-        wk, hk = w // k, h // k
-        small = cv2.resize(image[: hk * k, : wk * k], (wk, hk), interpolation=cv2.INTER_AREA)
-    else:
-        k, small = 1, image
+    shrunk = image if isinstance(image, Shrunk) else shrink_for(image, size, crops)
+    small, k, w, h = shrunk.small, shrunk.k, shrunk.width, shrunk.height
     out: list[tuple[np.ndarray, Letterbox]] = []
     for x0, y0, cw, ch in crops:
         sx0, sy0 = x0 // k, y0 // k
@@ -304,33 +321,36 @@ class BatchedDetector:
         h, w = image.shape[:2]
         return self._passes(image, self.crops(w, h))
 
-    def whole_pass(self, image: np.ndarray) -> list[Pass]:
-        """``preprocess(image)[:1]`` without cutting the tiles."""
+    def shrunk(self, image: np.ndarray) -> Shrunk:
+        """``image`` shrunk once for all its passes: :meth:`whole_pass` and
+        :meth:`tile_passes` of it cut theirs from the one copy, as
+        :meth:`preprocess` would."""
         require_rgb(image)
         h, w = image.shape[:2]
-        crops = self.crops(w, h)
-        return self._passes(image, crops[:1], crops)
+        return shrink_for(image, self.size, self.crops(w, h))
 
-    def tile_passes(self, image: np.ndarray, around: Detection | None = None) -> list[Pass]:
-        """``preprocess(image)[1:]``: the tiles alone (none for a small image). With
-        ``around``, only the tiles that hold that face (:func:`holds`; all of them
-        when none does): a tile that holds it in part drops its piece of it as cut
-        (:func:`away_from_inner_edges`), so for that face these passes find what
-        all the tiles would (measured: the same landmarks on 48 ~2 MP portraits
-        and 160 transformed sample photos). A face the whole image missed that only
-        a tile left out would see is not looked for."""
-        h, w = image.shape[:2]
-        crops = self.crops(w, h)
-        tiles = crops[1:]
+    def whole_pass(self, image: Shrunk) -> list[Pass]:
+        """``preprocess(image)[:1]`` of the :meth:`shrunk` image, without the tiles."""
+        return self._passes(image, self.crops(image.width, image.height)[:1])
+
+    def tile_passes(self, image: Shrunk, around: Detection | None = None) -> list[Pass]:
+        """``preprocess(image)[1:]`` of the :meth:`shrunk` image: the tiles alone (none
+        for a small image). With ``around``, only the tiles that hold that face
+        (:func:`holds`; all of them when none does): a tile that holds it in part
+        drops its piece of it as cut (:func:`away_from_inner_edges`), so for that
+        face these passes find what all the tiles would (measured: the same
+        landmarks on 48 ~2 MP portraits and 160 transformed sample photos). A face
+        the whole image missed that only a tile left out would see is not looked
+        for."""
+        tiles = self.crops(image.width, image.height)[1:]
         if around is not None:
             holding = [t for t in tiles if holds(t, around.bbox)]
             tiles = holding or tiles
-        return self._passes(image, tiles, crops) if tiles else []
+        return self._passes(image, tiles) if tiles else []
 
-    def _passes(self, image: np.ndarray, crops: Sequence[Crop],
-                shrink_for: Sequence[Crop] | None = None) -> list[Pass]:
+    def _passes(self, image: np.ndarray | Shrunk, crops: Sequence[Crop]) -> list[Pass]:
         return [(self.tensor(canvas), box)
-                for canvas, box in letterbox_passes(image, self.size, crops, shrink_for)]
+                for canvas, box in letterbox_passes(image, self.size, crops)]
 
     def decode_tensor(
         self, regressors: np.ndarray, scores: np.ndarray, transform: Letterbox

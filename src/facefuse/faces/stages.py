@@ -273,21 +273,33 @@ def _detect_turn(detector: Detector, rgb: np.ndarray, k: int,
     """:func:`detect` for the one quarter turn ``k``, in ``rgb``'s pixels."""
     h, w = rgb.shape[:2]
     image = rotate_image(rgb, k)
-    items = detector.whole_pass(image) if coarse_first else detector.preprocess(image)
+    if not coarse_first:
+        return (yield from _every_pass(detector, image, k, w, h))
+    shrunk = detector.shrunk(image)  # once, for the whole image's pass and any tile's
+    items = detector.whole_pass(shrunk)
     outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items))
     found = _detections(detector, outputs, items)
-    if coarse_first and not _coarse_enough(found, max(h, w)):
-        # Only the tiles that hold the largest face found whole (all of them when none
+    if not _coarse_enough(found, max(h, w)):
+        # Only the tiles that hold the largest face found (all of them when none
         # was found): a 1-2 MP portrait's face at 12-20 % of the long side lies in
         # one of its two tiles.
         largest = max(found, key=lambda d: d.width) if found else None
-        more_items = detector.tile_passes(image, around=largest)
+        more_items = detector.tile_passes(shrunk, around=largest)
         if more_items:
             more = yield ModelCall(registry_name(detector.model),
                                    tuple(x for x, _ in more_items))
             items = [*items, *more_items]
             found = _detections(detector, [*outputs, *more], items)
     return [unrotate_detection(d, k, w, h) for d in found]
+
+
+def _every_pass(detector: Detector, image: np.ndarray, k: int, w: int,
+                h: int) -> Stage[list[Detection]]:
+    """Every pass of the quarter-turned ``image`` (whole and tiles) in one call; the
+    detections in the unturned (``w``, ``h``) image's pixels."""
+    items = detector.preprocess(image)
+    outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items))
+    return [unrotate_detection(d, k, w, h) for d in _detections(detector, outputs, items)]
 
 
 def confirmed(detector: Detector, fm: FaceMesh, rgb: np.ndarray,
