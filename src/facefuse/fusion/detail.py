@@ -339,6 +339,7 @@ def full_resolution_layer(
     warped_box = warped[y0:y1, x0:x1]
     tgt_y = luma(warped_box)
     detail = _matched_detail(src_y, tgt_y, luma(target.full[y0:y1, x0:x1]), where, split)
+    del src_y
     # Smoothstep on the share: the feathered edges of what is kept from the target
     # (its lips, its eyes) take no source detail (teeth, lashes) half-way in.
     share = a * a * (3.0 - 2.0 * a)
@@ -362,12 +363,26 @@ def _matched_detail(src_y: np.ndarray, tgt_y: np.ndarray, ref_y: np.ndarray,
     c·clip(D_tgt)`` (the top-up only in the finest band), matched band by band
     (above :data:`FINE_SIGMA` and from there to ``sigma``) to the energy of the
     unwarped target ``ref_y`` on ``where``: the warps' interpolation softens both
-    warped images, the photo's own grain is the goal."""
+    warped images, the photo's own grain is the goal. ``src_y`` and ``ref_y`` are
+    the caller's to give up: their bands are worked out in them."""
     out = np.zeros(src_y.shape, np.float32)
-    lo: tuple[np.ndarray, ...] = (src_y, tgt_y, ref_y)
+    lo = [src_y, tgt_y, ref_y]
+    owned = False  # (tgt_y stays the caller's; the blurs are ours)
     for s, top_up in ((FINE_SIGMA, 1.0), (sigma, MID_TOP_UP)):
-        blur = tuple(low_pass(x, s) for x in lo)
-        d_src, d_tgt, d_ref = (x - b for x, b in zip(lo, blur, strict=True))
+        # One image at a time, each band in place of what it is taken from (the same
+        # sums as x - blur(x) in a new array).
+        ref = lo.pop()
+        b_ref = low_pass(ref, s)
+        e_ref = _energy(np.subtract(ref, b_ref, out=ref), where)
+        del ref
+        tgt = lo.pop()
+        b_tgt = low_pass(tgt, s)
+        d_tgt = np.subtract(tgt, b_tgt, out=tgt if owned else None)
+        del tgt
+        src = lo.pop()
+        b_src = low_pass(src, s)
+        d_src = np.subtract(src, b_src, out=src)
+        del src
         # The top-up is the target's grain, not its features' edges (a nostril's
         # rim would come back as a ghost outline): clipped to its skin's spread,
         # and its gain set on the clipped band's own energy.
@@ -376,14 +391,17 @@ def _matched_detail(src_y: np.ndarray, tgt_y: np.ndarray, ref_y: np.ndarray,
             spread = GRAIN_CLIP * _spread(d_tgt, where)
             grain = np.clip(d_tgt, -spread, spread)
         g, c = detail_gains(_energy(d_src, where),
-                            _energy(d_tgt if grain is None else grain, where),
-                            _energy(d_ref, where))
+                            _energy(d_tgt if grain is None else grain, where), e_ref)
         d_src *= np.float32(g)
         d_src -= d_tgt
+        del d_tgt
         if grain is not None and c > 0.0:
-            d_src += np.float32(c * top_up) * grain
+            grain *= np.float32(c * top_up)
+            d_src += grain
+        del grain
         out += d_src
-        lo = blur
+        del d_src
+        lo, owned = [b_src, b_tgt, b_ref], True
     return out
 
 
