@@ -216,3 +216,20 @@ def test_poisson_accepts_float_and_handles_empty_masks(
     np.testing.assert_array_equal(as_float, poisson_blend(fg, bg, m))
     with pytest.raises(InvalidArgumentError, match="same shape"):
         poisson_blend(fg[:-1], bg, m[:-1])
+
+
+def test_overwriting_fg_gives_the_same_blend(pair: tuple[np.ndarray, np.ndarray]) -> None:
+    """``overwrite_fg`` works the difference out in a float32 ``fg`` itself: the same
+    pixels as the copy (a uint8 ``fg`` is left alone)."""
+    fg, bg = pair
+    rng = np.random.default_rng(5)
+    mask = rng.uniform(0, 1, fg.shape[:2]).astype(np.float32)
+    f32 = fg.astype(np.float32) + np.float32(0.25)
+    expected = laplacian_blend(f32, bg, mask)
+    given = f32.copy()
+    np.testing.assert_array_equal(laplacian_blend(given, bg, mask, overwrite_fg=True), expected)
+    assert not np.array_equal(given, f32)  # it held the difference
+    u8 = fg.copy()
+    np.testing.assert_array_equal(laplacian_blend(u8, bg, mask, overwrite_fg=True),
+                                  laplacian_blend(fg, bg, mask))
+    np.testing.assert_array_equal(u8, fg)

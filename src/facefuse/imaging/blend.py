@@ -108,6 +108,8 @@ def laplacian_blend(
     bg: npt.NDArray[Any],
     mask: npt.NDArray[Any],
     levels: int | None = None,
+    *,
+    overwrite_fg: bool = False,
 ) -> npt.NDArray[Any]:
     """Multi-band (Burt–Adelson) blend of two same-size region images.
 
@@ -117,6 +119,8 @@ def laplacian_blend(
             uint8 0..255); feathering it first is not needed, the pyramid does it.
         levels: number of pyramid reductions; None picks :func:`auto_levels`.
             0 is a plain alpha blend. Capped so the coarsest level keeps ≥ 1 px.
+        overwrite_fg: ``fg`` is the caller's to give up: a float32 one holds the
+            difference to ``bg`` (no full-size copy beside it).
 
     Returns:
         Same shape; uint8 when both inputs are uint8, else float32. With a mask
@@ -136,7 +140,8 @@ def laplacian_blend(
             raise InvalidArgumentError(f"levels must be a non-negative int, not {levels!r}")
         n = min(levels, cap)
     m = _mask_f32(mask, fg.shape)
-    diff = np.subtract(fg, bg, dtype=np.float32)
+    into = fg if overwrite_fg and fg.dtype == np.float32 and fg.flags.writeable else None
+    diff = np.subtract(fg, bg, out=into, dtype=np.float32)
     if n == 0 or not np.any(m):
         out0: F32 = bg.astype(np.float32) + _expand(m, fg) * diff
         return _finish(out0, fg, bg)

@@ -65,7 +65,8 @@ class PixelBackend(Protocol):
 
     def multiband(self, fg: F32, bg: npt.NDArray[np.uint8], mask: F32) -> F32:
         """Multi-band blend of (H, W, 3) ``fg`` into ``bg`` under (H, W) ``mask``
-        at :func:`~facefuse.imaging.blend.auto_levels` depth → float32 (not clipped)."""
+        at :func:`~facefuse.imaging.blend.auto_levels` depth → float32 (not clipped).
+        ``fg`` is the caller's to give up: it may be overwritten."""
         ...
 
 
@@ -118,7 +119,7 @@ class OpenCVPixels:
         return _gain(source, mu_t, mu_s, max_gain)
 
     def multiband(self, fg: F32, bg: npt.NDArray[np.uint8], mask: F32) -> F32:
-        return np.asarray(laplacian_blend(fg, bg, mask), np.float32)
+        return np.asarray(laplacian_blend(fg, bg, mask, overwrite_fg=True), np.float32)
 
 
 def gaussian_taps(sigma: float) -> F32:
