@@ -21,7 +21,7 @@ from facefuse.faces.blazeface import (
     ssd_anchors,
     weighted_nms,
 )
-from facefuse.faces.detector_base import Candidates, letterbox, tile_grid
+from facefuse.faces.detector_base import PASS_CHUNK, Candidates, letterbox, tile_grid
 from facefuse.faces.types import Detection
 from facefuse.runtime.registry import ModelRegistry
 
@@ -264,6 +264,26 @@ def _run_counting(stage: Any, det: BlazeFaceDetector) -> tuple[list[Detection], 
     return stages.run_sync(stage, run), calls
 
 
+def _chunked(passes: int) -> list[int]:
+    """The model calls' sizes when ``passes`` passes run :data:`PASS_CHUNK` at a time."""
+    return [min(PASS_CHUNK, passes - i) for i in range(0, passes, PASS_CHUNK)]
+
+
+def test_a_large_photos_passes_run_a_chunk_at_a_time_with_the_same_faces(
+    full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
+) -> None:
+    """A photo with more passes than one chunk: its tensors are made and run a chunk at
+    a time, and the faces are those of every pass stacked into one run."""
+    picture, _ = _paste((4000, 6000), sample_images["obama"], 300, (4100, 2900))
+    passes = len(full.preprocess(picture))
+    assert passes > 2 * PASS_CHUNK
+    found, calls = _run_counting(stages.detect(full, picture), full)
+    assert calls == _chunked(passes)
+    at_once = full.detect(picture)
+    assert len(found) == len(at_once) == 1
+    np.testing.assert_allclose(found[0].bbox, at_once[0].bbox, atol=1e-3)
+
+
 def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(
     full: BlazeFaceDetector, sample_images: dict[str, np.ndarray]
 ) -> None:
@@ -277,7 +297,7 @@ def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(
     passes = len(full.preprocess(canvas))
     assert passes > 2
     every, calls = _run_counting(stages.detect(full, canvas), full)
-    assert len(every) == 2 and calls == [passes]
+    assert len(every) == 2 and calls == _chunked(passes)
     largest, calls = _run_counting(stages.detect(full, canvas, coarse_first=True), full)
     assert calls == [1]  # the tiles never ran
     assert len(largest) == 1
@@ -299,13 +319,13 @@ def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(
                            keypoints=np.zeros((6, 2), np.float32))
     assert len(full.tile_passes(shrunk, around=everywhere)) == len(tiles)  # none holds it
     found, calls = _run_counting(stages.detect(full, picture, coarse_first=True), full)
-    assert calls == [1, len(holding)]
+    assert calls == [1, *_chunked(len(holding))]
     plain = _run_counting(stages.detect(full, picture), full)[0]
     assert len(found) == len(plain) == 1
     np.testing.assert_array_equal(found[0].bbox, plain[0].bbox)
     # No face in the whole-image pass: every tile runs, and the result is the plain one.
     found, calls = _run_counting(stages.detect(full, small, coarse_first=True), full)
-    assert calls == [1, len(full.preprocess(small)) - 1]
+    assert calls == [1, *_chunked(len(full.preprocess(small)) - 1)]
     plain = _run_counting(stages.detect(full, small), full)[0]
     assert len(found) == len(plain) == 1
     np.testing.assert_array_equal(found[0].bbox, plain[0].bbox)

@@ -21,6 +21,7 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError, ModelError, NoFaceError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
+from facefuse.faces.detector_base import PASS_CHUNK
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.mapping import parse_mapping
 from facefuse.fusion.quality import identity_similarity
@@ -252,3 +253,52 @@ async def test_a_reload_checks_the_recogniser_it_has_not_loaded(
         assert await pipeline.reload() == ["dlib_resnet"]
         assert pipeline.model_versions["dlib_resnet"] == hashlib.sha256(data).hexdigest()[:16]
         assert "dlib_resnet" not in registry.loaded()
+
+
+async def test_a_step_that_cuts_more_inputs_runs_off_the_event_loop(
+    settings: Settings, registry: ModelRegistry, analyser: FaceAnalyser,
+) -> None:
+    """The step after a call marked ``then_cuts`` (a large photo's next detector passes)
+    runs in the CPU pool; the step after any other call, on the event loop."""
+    import threading
+
+    detector = analyser.models.detectors["largest"]
+    tensor = np.zeros((3, detector.size, detector.size), np.float32)
+
+    def stage(then_cuts: bool) -> stages.Stage[str]:
+        yield stages.ModelCall(stages.registry_name(detector.model), (tensor,),
+                               then_cuts=then_cuts)
+        return threading.current_thread().name
+
+    loop_thread = threading.current_thread().name
+    async with running(settings, registry) as pipeline:
+        assert await pipeline.run(stage(False), RequestContext()) == loop_thread
+        assert await pipeline.run(stage(True), RequestContext()) != loop_thread
+
+
+def test_a_large_photos_detector_calls_each_say_the_next_step_cuts(
+    analyser: FaceAnalyser, sample_images: dict[str, np.ndarray],
+) -> None:
+    """Every detector call of a photo over HEAVY_CUT_PIXELS, and every one but the last
+    of a smaller photo, says the step after it may cut more inputs."""
+    import cv2
+
+    detector = analyser.models.detectors["all"]
+    runner = stages.registry_runner(analyser.registry)
+
+    def flags(image: np.ndarray) -> list[bool]:
+        seen: list[bool] = []
+
+        def run(call: stages.ModelCall) -> stages.Outputs:
+            seen.append(call.then_cuts)
+            return runner(call)
+
+        stages.run_sync(stages.detect(detector, image), run)
+        return seen
+
+    small = sample_images["obama"]
+    assert small.shape[0] * small.shape[1] <= stages.HEAVY_CUT_PIXELS
+    assert flags(small) == [False]
+    large = cv2.resize(small, (4000, 3000))
+    passes = len(detector.crops(4000, 3000))
+    assert flags(large) == [True] * -(-passes // PASS_CHUNK)

@@ -25,7 +25,7 @@ from facefuse.runtime.providers import (
     session_fallbacks,
 )
 from facefuse.runtime.registry import ModelRegistry, shape_profile
-from facefuse.runtime.session import create_session
+from facefuse.runtime.session import create_session, session_options, use_memory_pattern
 from facefuse.runtime.warmup import warm_up
 
 GPU_HOST = (TENSORRT, CUDA, CPU)
@@ -191,3 +191,23 @@ def test_batch_policy_gpu_defaults_and_cpu_defaults_unchanged() -> None:
     assert 0.0 < gpu.max_queue_delay_ms <= 20.0
     custom = batch_policy(s.replace(gpu_max_batch_size=64, gpu_max_queue_delay_ms=2.0), True)
     assert (custom.max_batch_size, custom.max_queue_delay_ms) == (64, 2.0)
+
+
+def test_sessions_plan_their_memory_only_once_the_process_asks(
+        settings: Settings, registry: ModelRegistry) -> None:
+    """The memory pattern is off in a plain process and on for the sessions opened after
+    :func:`use_memory_pattern` (the server, under its pinned mmap threshold); a model
+    runs alike either way."""
+    assert session_options(settings).enable_mem_pattern is False
+    spec = registry.manifest.get("blazeface_full")
+    path = registry.models_dir / spec.file
+    x = np.random.default_rng(0).random((2, 3, 192, 192), np.float32) * 255
+    plain = create_session(path, settings).run(None, {spec.inputs[0].name: x})
+    use_memory_pattern()
+    try:
+        assert session_options(settings).enable_mem_pattern is True
+        planned = create_session(path, settings).run(None, {spec.inputs[0].name: x})
+    finally:
+        use_memory_pattern(False)
+    for a, b in zip(plain, planned, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -15,7 +15,7 @@ Tile detections cut by an inner tile edge are dropped before the passes merge.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -280,6 +280,13 @@ def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
+#: The most passes of one image whose tensors exist at once (one model call each):
+#: the micro-batcher's default batch. A 39-megapixel photo's every-face scan has 37
+#: passes a quarter turn; built at once, their float32 tensors came to ~170 MB, and
+#: the batcher ran two of their batches at once (at 16, VmHWM 842-868 MB against
+#: 650 at 8, for 5.8 s a request against 8.3 before the server planned ORT memory).
+PASS_CHUNK = 8
+
 #: A crop ``(x0, y0, w, h)`` of an image, pixels.
 Crop = tuple[int, int, int, int]
 #: One model input: a ``(3, S, S)`` float32 tensor and where it came from.
@@ -333,20 +340,33 @@ class BatchedDetector:
         """``preprocess(image)[:1]`` of the :meth:`shrunk` image, without the tiles."""
         return self._passes(image, self.crops(image.width, image.height)[:1])
 
-    def tile_passes(self, image: Shrunk, around: Detection | None = None) -> list[Pass]:
-        """``preprocess(image)[1:]`` of the :meth:`shrunk` image: the tiles alone (none
-        for a small image). With ``around``, only the tiles that hold that face
-        (:func:`holds`; all of them when none does): a tile that holds it in part
-        drops its piece of it as cut (:func:`away_from_inner_edges`), so for that
-        face these passes find what all the tiles would (measured: the same
-        landmarks on 48 ~2 MP portraits and 160 transformed sample photos). A face
-        the whole image missed that only a tile left out would see is not looked
-        for."""
+    def tile_crops(self, image: Shrunk, around: Detection | None = None) -> list[Crop]:
+        """The tiles of the :meth:`shrunk` image (none for a small image). With
+        ``around``, only the tiles that hold that face (:func:`holds`; all of them when
+        none does): a tile that holds it in part drops its piece of it as cut
+        (:func:`away_from_inner_edges`), so for that face these passes find what all
+        the tiles would (measured: the same landmarks on 48 ~2 MP portraits and 160
+        transformed sample photos). A face the whole image missed that only a tile
+        left out would see is not looked for."""
         tiles = self.crops(image.width, image.height)[1:]
         if around is not None:
             holding = [t for t in tiles if holds(t, around.bbox)]
             tiles = holding or tiles
+        return tiles
+
+    def tile_passes(self, image: Shrunk, around: Detection | None = None) -> list[Pass]:
+        """``preprocess(image)[1:]`` of the :meth:`shrunk` image, only the
+        :meth:`tile_crops` (``around``) ones."""
+        tiles = self.tile_crops(image, around)
         return self._passes(image, tiles) if tiles else []
+
+    def chunks(self, image: Shrunk, crops: Sequence[Crop],
+               size: int = PASS_CHUNK) -> Iterator[list[Pass]]:
+        """The passes of ``crops`` of the :meth:`shrunk` image, ``size`` at a time, each
+        group made when the previous one is done with: a large photo's passes never
+        all exist at once."""
+        for i in range(0, len(crops), size):
+            yield self._passes(image, crops[i:i + size])
 
     def _passes(self, image: np.ndarray | Shrunk, crops: Sequence[Crop]) -> list[Pass]:
         return [(self.tensor(canvas), box)
@@ -367,6 +387,32 @@ class BatchedDetector:
         regressors, scores = self.model.run(np.ascontiguousarray(tensors, dtype=np.float32))[:2]
         return regressors, scores
 
+    def candidates(
+        self,
+        regressors: np.ndarray,
+        scores: np.ndarray,
+        transforms: Sequence[Letterbox],
+    ) -> Candidates:
+        """Raw outputs of some tensors of one image → their candidates, before NMS.
+
+        Args:
+            regressors: (N, A, W) float32 (or (A, W) for N = 1).
+            scores: (N, A, 1) float32 (or (A, 1)).
+            transforms: the Letterbox of each of the N tensors.
+        """
+        if not transforms:
+            return Candidates.empty()
+        regs = np.reshape(regressors, (len(transforms), -1, self.regression_width))
+        scs = np.reshape(scores, (len(transforms), -1))
+        return Candidates.concat([
+            self.decode_tensor(r, s, t) for r, s, t in zip(regs, scs, transforms, strict=True)
+        ])
+
+    def detections(self, found: Candidates, width: int, height: int) -> list[Detection]:
+        """All passes' candidates of one ``width``×``height`` image → its detections,
+        best first (:meth:`merge`, then clipped to the image)."""
+        return to_detections(self.merge(found), width, height)
+
     def postprocess(
         self,
         regressors: np.ndarray,
@@ -383,13 +429,8 @@ class BatchedDetector:
         transforms = [transform] if isinstance(transform, Letterbox) else list(transform)
         if not transforms:
             return []
-        regs = np.reshape(regressors, (len(transforms), -1, self.regression_width))
-        scs = np.reshape(scores, (len(transforms), -1))
-        found = Candidates.concat([
-            self.decode_tensor(r, s, t) for r, s, t in zip(regs, scs, transforms, strict=True)
-        ])
-        merged = self.merge(found)
-        return to_detections(merged, transforms[0].image_width, transforms[0].image_height)
+        found = self.candidates(regressors, scores, transforms)
+        return self.detections(found, transforms[0].image_width, transforms[0].image_height)
 
     def detect(self, image: np.ndarray) -> list[Detection]:
         """All faces in an RGB uint8 (H, W, 3) image, best score first."""

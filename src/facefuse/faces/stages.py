@@ -42,7 +42,7 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.faces.attributes import attribute_chip, read_age, read_gender
-from facefuse.faces.detector_base import Letterbox
+from facefuse.faces.detector_base import PASS_CHUNK, Candidates, Crop, Shrunk
 from facefuse.faces.detectors import (
     PURPOSES,
     Detector,
@@ -78,10 +78,15 @@ class ModelCall:
     Attributes:
         model: the registry name of the model.
         inputs: one array per item, *without* the batch axis (e.g. (3, 192, 192)).
+        then_cuts: the step that follows the answer may cut more model inputs out of
+            a large image (the next passes, a turned copy: up to seconds for a
+            40-megapixel photo), not only decode the outputs; a driver with an event
+            loop runs it where its other heavy work goes.
     """
 
     model: str
     inputs: tuple[np.ndarray, ...]
+    then_cuts: bool = False
 
 
 #: Per item of a :class:`ModelCall`: that item's model outputs, batch axis removed.
@@ -239,6 +244,11 @@ def _stacked(outputs: Outputs) -> list[np.ndarray]:
 #: BlazeFace's 192-px input) has its box refined by the tiles that hold it.
 COARSE_ENOUGH = 0.2
 
+#: Images of more pixels than this make the step after their last detector call a
+#: heavy one (:attr:`ModelCall.then_cuts`): what may follow, a turned copy or a set of
+#: tiles, takes over ~10 ms there.
+HEAVY_CUT_PIXELS = 4_000_000
+
 
 def detect(
     detector: Detector, rgb: np.ndarray, turns: Sequence[int] = (0,), *,
@@ -273,33 +283,40 @@ def _detect_turn(detector: Detector, rgb: np.ndarray, k: int,
     """:func:`detect` for the one quarter turn ``k``, in ``rgb``'s pixels."""
     h, w = rgb.shape[:2]
     image = rotate_image(rgb, k)
-    if not coarse_first:
-        return (yield from _every_pass(detector, image, k, w, h))
     shrunk = detector.shrunk(image)  # once, for the whole image's pass and any tile's
-    items = detector.whole_pass(shrunk)
-    outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items))
-    found = _detections(detector, outputs, items)
+    crops = detector.crops(shrunk.width, shrunk.height)
+    if not coarse_first:
+        found = detector.detections((yield from _candidates(detector, shrunk, crops)),
+                                    shrunk.width, shrunk.height)
+        return [unrotate_detection(d, k, w, h) for d in found]
+    whole = yield from _candidates(detector, shrunk, crops[:1])
+    found = detector.detections(whole, shrunk.width, shrunk.height)
     if not _coarse_enough(found, max(h, w)):
         # Only the tiles that hold the largest face found (all of them when none
         # was found): a 1-2 MP portrait's face at 12-20 % of the long side lies in
         # one of its two tiles.
         largest = max(found, key=lambda d: d.width) if found else None
-        more_items = detector.tile_passes(shrunk, around=largest)
-        if more_items:
-            more = yield ModelCall(registry_name(detector.model),
-                                   tuple(x for x, _ in more_items))
-            items = [*items, *more_items]
-            found = _detections(detector, [*outputs, *more], items)
+        tiles = detector.tile_crops(shrunk, around=largest)
+        if tiles:
+            more = yield from _candidates(detector, shrunk, tiles)
+            found = detector.detections(Candidates.concat([whole, more]),
+                                        shrunk.width, shrunk.height)
     return [unrotate_detection(d, k, w, h) for d in found]
 
 
-def _every_pass(detector: Detector, image: np.ndarray, k: int, w: int,
-                h: int) -> Stage[list[Detection]]:
-    """Every pass of the quarter-turned ``image`` (whole and tiles) in one call; the
-    detections in the unturned (``w``, ``h``) image's pixels."""
-    items = detector.preprocess(image)
-    outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items))
-    return [unrotate_detection(d, k, w, h) for d in _detections(detector, outputs, items)]
+def _candidates(detector: Detector, shrunk: Shrunk, crops: Sequence[Crop]) -> Stage[Candidates]:
+    """The candidates of the passes of ``crops`` of the ``shrunk`` image, one model
+    call per :meth:`~facefuse.faces.detector_base.BatchedDetector.chunks` group (the
+    passes of a large photo never all exist at once)."""
+    found: list[Candidates] = []
+    last = (len(crops) - 1) // PASS_CHUNK
+    large = shrunk.width * shrunk.height > HEAVY_CUT_PIXELS
+    for i, items in enumerate(detector.chunks(shrunk, crops, PASS_CHUNK)):
+        outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items),
+                                  then_cuts=large or i < last)
+        regressors, scores = _stacked(outputs)[:2]
+        found.append(detector.candidates(regressors, scores, [box for _, box in items]))
+    return Candidates.concat(found)
 
 
 def confirmed(detector: Detector, fm: FaceMesh, rgb: np.ndarray,
@@ -326,12 +343,6 @@ def _past_rejected(detector: Detector, fm: FaceMesh, rgb: np.ndarray,
             if faces:
                 return faces
     return []
-
-
-def _detections(detector: Detector, outputs: Outputs,
-                items: Sequence[tuple[np.ndarray, Letterbox]]) -> list[Detection]:
-    regressors, scores = _stacked(outputs)[:2]
-    return detector.postprocess(regressors, scores, [box for _, box in items])
 
 
 def _coarse_enough(found: Sequence[Detection], long_side: int) -> bool:

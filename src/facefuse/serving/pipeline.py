@@ -464,12 +464,17 @@ class Pipeline:
         warps) — runs in the CPU pool. The steps after a model call decode its outputs
         (anchors and NMS, projecting points, 64-px eye crops: a millisecond or two) and
         run on the event loop, as they did before the stages were shared: sent to the
-        pool they would queue behind whole fusions when it is busy.
+        pool they would queue behind whole fusions when it is busy. A step that cuts
+        more inputs (:attr:`~facefuse.faces.stages.ModelCall.then_cuts`: a large
+        photo's next detector passes or a turned copy) runs in the CPU pool again, so
+        the loop never stalls for seconds on a 40-megapixel upload.
         """
         step: ModelCall | Done[T] = await self.in_cpu_pool(stages.advance, stage, None)
         while isinstance(step, ModelCall):
+            heavy = step.then_cuts
             outputs = await self._answer(step, ctx)
-            step = stages.advance(stage, outputs)
+            step = (await self.in_cpu_pool(stages.advance, stage, outputs) if heavy
+                    else stages.advance(stage, outputs))
         return step.value
 
     async def _answer(self, call: ModelCall, ctx: RequestContext) -> stages.Outputs:

@@ -24,6 +24,7 @@ from uvicorn.supervisors import Multiprocess
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.runtime.manifest import Manifest
+from facefuse.runtime.session import use_memory_pattern
 from facefuse.serving.app import create_app
 from facefuse.serving.heap import ARENAS, TRIM_THRESHOLD
 from facefuse.serving.http_protocol import GuardedHttpProtocol
@@ -106,6 +107,7 @@ def worker_app() -> FastAPI:
     limit_malloc_arenas()
     pin_mmap_threshold()
     pin_trim_threshold()
+    use_memory_pattern()  # pays under the pinned threshold (see there)
     return create_app(settings)
 
 
