@@ -281,7 +281,8 @@ def test_a_large_photos_passes_run_a_chunk_at_a_time_with_the_same_faces(
     assert calls == _chunked(passes)
     at_once = full.detect(picture)
     assert len(found) == len(at_once) == 1
-    np.testing.assert_allclose(found[0].bbox, at_once[0].bbox, atol=1e-3)
+    np.testing.assert_array_equal(found[0].bbox, at_once[0].bbox)
+    np.testing.assert_array_equal(found[0].keypoints, at_once[0].keypoints)
 
 
 def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(

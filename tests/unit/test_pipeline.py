@@ -7,6 +7,7 @@ Each test builds a Pipeline on the test's event loop over the shared registry
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 from collections.abc import AsyncIterator, Callable
@@ -284,6 +285,7 @@ def test_a_large_photos_detector_calls_each_say_the_next_step_cuts(
     import cv2
 
     detector = analyser.models.detectors["all"]
+    assert detector.pass_chunk == PASS_CHUNK  # the CPU batch policy's largest batch
     runner = stages.registry_runner(analyser.registry)
 
     def flags(image: np.ndarray) -> list[bool]:
@@ -302,3 +304,11 @@ def test_a_large_photos_detector_calls_each_say_the_next_step_cuts(
     large = cv2.resize(small, (4000, 3000))
     passes = len(detector.crops(4000, 3000))
     assert flags(large) == [True] * -(-passes // PASS_CHUNK)
+    # Under HEAVY_CUT_PIXELS with more passes than a chunk: all but the last call.
+    wide = cv2.resize(small, (3200, 1200))
+    assert wide.shape[0] * wide.shape[1] <= stages.HEAVY_CUT_PIXELS
+    detector = copy.copy(detector)
+    detector.pass_chunk = 2
+    calls = -(-len(detector.crops(3200, 1200)) // 2)
+    assert calls > 1
+    assert flags(wide) == [True] * (calls - 1) + [False]

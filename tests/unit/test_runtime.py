@@ -193,21 +193,20 @@ def test_batch_policy_gpu_defaults_and_cpu_defaults_unchanged() -> None:
     assert (custom.max_batch_size, custom.max_queue_delay_ms) == (64, 2.0)
 
 
-def test_sessions_plan_their_memory_only_once_the_process_asks(
-        settings: Settings, registry: ModelRegistry) -> None:
-    """The memory pattern is off in a plain process and on for the sessions opened after
-    :func:`use_memory_pattern` (the server, under its pinned mmap threshold); a model
-    runs alike either way."""
+def test_model_sessions_plan_their_memory_only_once_the_process_asks(
+        settings: Settings) -> None:
+    """The memory pattern is off in a plain process and on for the registry's CPU
+    sessions opened after :func:`use_memory_pattern` (the server, under its pinned mmap
+    threshold); a model runs alike either way."""
     assert session_options(settings).enable_mem_pattern is False
-    spec = registry.manifest.get("blazeface_full")
-    path = registry.models_dir / spec.file
     x = np.random.default_rng(0).random((2, 3, 192, 192), np.float32) * 255
-    plain = create_session(path, settings).run(None, {spec.inputs[0].name: x})
+    plain = ModelRegistry(settings).get("blazeface_full")
+    assert plain.session.get_session_options().enable_mem_pattern is False
     use_memory_pattern()
     try:
-        assert session_options(settings).enable_mem_pattern is True
-        planned = create_session(path, settings).run(None, {spec.inputs[0].name: x})
+        planned = ModelRegistry(settings).get("blazeface_full")
     finally:
         use_memory_pattern(False)
-    for a, b in zip(plain, planned, strict=True):
+    assert planned.session.get_session_options().enable_mem_pattern is True
+    for a, b in zip(plain.run(x), planned.run(x), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -1,7 +1,8 @@
 """What every face detector shares: letterboxing and tiling an image into model
 passes, decoded candidates, their overlap tests, and the batched-detector shape
-(:class:`BatchedDetector`: preprocess on the CPU, one stacked model run, postprocess)
-that BlazeFace (:mod:`facefuse.faces.blazeface`) and YuNet (:mod:`facefuse.faces.yunet`)
+(:class:`BatchedDetector`: preprocess on the CPU, one stacked model run, postprocess;
+or, as the analysis stages drive it, the passes in chunks, their candidates, then one
+merge) that BlazeFace (:mod:`facefuse.faces.blazeface`) and YuNet (:mod:`facefuse.faces.yunet`)
 both fill in.
 
 Tiling: images whose long side exceeds a detector's ``tile_above`` are *also* cut
@@ -280,11 +281,12 @@ def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
-#: The most passes of one image whose tensors exist at once (one model call each):
-#: the micro-batcher's default batch. A 39-megapixel photo's every-face scan has 37
-#: passes a quarter turn; built at once, their float32 tensors came to ~170 MB, and
-#: the batcher ran two of their batches at once (at 16, VmHWM 842-868 MB against
-#: 650 at 8, for 5.8 s a request against 8.3 before the server planned ORT memory).
+#: The most passes of one image whose tensors exist at once (one model call each),
+#: unless the detector says otherwise (:attr:`BatchedDetector.pass_chunk`: the batch
+#: policy's largest batch). A 39-megapixel photo's every-face scan has 37 passes a
+#: quarter turn; built at once, their float32 tensors came to ~170 MB, and the
+#: batcher ran two of their batches at once (at 16, VmHWM 842-868 MB against 650 at
+#: 8, for 5.8 s a request against 8.3 before the server planned ORT memory).
 PASS_CHUNK = 8
 
 #: A crop ``(x0, y0, w, h)`` of an image, pixels.
@@ -296,13 +298,18 @@ Pass = tuple[np.ndarray, Letterbox]
 class BatchedDetector:
     """A detector whose model runs on stacked tensors: :meth:`preprocess` (CPU) →
     :meth:`run` (one batched model call, which a micro-batcher may share between
-    images) → :meth:`postprocess` (CPU). Subclasses say how a letterboxed canvas
+    images) → :meth:`postprocess` (CPU); the analysis stages run the same passes
+    :meth:`chunks` at a time (:meth:`candidates` of each, :meth:`detections` of all).
+    Subclasses say how a letterboxed canvas
     becomes a tensor (:meth:`tensor`), which faces the whole image finds at least
     (:attr:`min_face_fraction`, the tiles' rule), how one tensor's outputs decode
     (:meth:`decode_tensor`) and how the passes of one image merge (:meth:`merge`).
     """
 
     model: LoadedModel
+    #: Passes of one image made and run at a time in the stages (:meth:`chunks`): the
+    #: batcher's largest batch where the model runs (make_detector sets it).
+    pass_chunk: int = PASS_CHUNK
     #: Raw regression values per anchor.
     regression_width: int
     #: Model input side, pixels.
@@ -329,8 +336,8 @@ class BatchedDetector:
         return self._passes(image, self.crops(w, h))
 
     def shrunk(self, image: np.ndarray) -> Shrunk:
-        """``image`` shrunk once for all its passes: :meth:`whole_pass` and
-        :meth:`tile_passes` of it cut theirs from the one copy, as
+        """``image`` shrunk once for all its passes: :meth:`chunks`, :meth:`whole_pass`
+        and :meth:`tile_passes` of it cut theirs from the one copy, as
         :meth:`preprocess` would."""
         require_rgb(image)
         h, w = image.shape[:2]
@@ -360,11 +367,12 @@ class BatchedDetector:
         tiles = self.tile_crops(image, around)
         return self._passes(image, tiles) if tiles else []
 
-    def chunks(self, image: Shrunk, crops: Sequence[Crop],
-               size: int = PASS_CHUNK) -> Iterator[list[Pass]]:
-        """The passes of ``crops`` of the :meth:`shrunk` image, ``size`` at a time, each
-        group made when the previous one is done with: a large photo's passes never
-        all exist at once."""
+    def chunks(self, image: Shrunk, crops: Sequence[Crop]) -> Iterator[list[Pass]]:
+        """The passes of ``crops`` of the :meth:`shrunk` image, :attr:`pass_chunk` at a
+        time, each group made only when the next is asked for: a caller that lets go
+        of one group before asking keeps a large photo's passes from all existing at
+        once."""
+        size = max(1, self.pass_chunk)
         for i in range(0, len(crops), size):
             yield self._passes(image, crops[i:i + size])
 

@@ -26,6 +26,8 @@ from facefuse.faces.blazeface import BlazeFaceDetector
 from facefuse.faces.detector_base import BatchedDetector
 from facefuse.faces.rotation import RETRY_TURNS
 from facefuse.faces.yunet import YuNetDetector
+from facefuse.runtime.batch_policy import batch_policy
+from facefuse.runtime.providers import device_of
 from facefuse.runtime.registry import ModelRegistry
 
 #: ``Settings.detector`` → the model it runs.
@@ -63,20 +65,26 @@ def detectors_in_use(settings: Settings) -> tuple[str, ...]:
 
 def make_detector(settings: Settings, registry: ModelRegistry, name: str) -> Detector:
     """The detector ``name`` (``full`` | ``short`` | ``yunet``) over the registry's
-    model, with ``settings``' thresholds."""
+    model, with ``settings``' thresholds; its passes run in chunks of the batch
+    policy's largest batch where the model runs (8 on the CPU by default)."""
     model = registry.get(DETECTOR_MODELS[name])
+    detector: Detector
     if name == "yunet":
-        return YuNetDetector(
+        detector = YuNetDetector(
             model, score_threshold=settings.det_yunet_score_threshold,
             tile_above=max(settings.det_tile_above, 640),
         )
-    return BlazeFaceDetector(
-        model,
-        score_threshold=settings.det_score_threshold,
-        nms_iou=settings.det_nms_iou,
-        tile_above=settings.det_tile_above,
-        variant="short" if name == "short" else "full",
-    )
+    else:
+        detector = BlazeFaceDetector(
+            model,
+            score_threshold=settings.det_score_threshold,
+            nms_iou=settings.det_nms_iou,
+            tile_above=settings.det_tile_above,
+            variant="short" if name == "short" else "full",
+        )
+    gpu = device_of(model.provider) != "cpu"
+    detector.pass_chunk = batch_policy(settings, gpu=gpu).max_batch_size
+    return detector
 
 
 def turns_to_try(settings: Settings) -> tuple[int, ...]:

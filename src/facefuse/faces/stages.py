@@ -42,7 +42,7 @@ import numpy as np
 from facefuse.config import Settings
 from facefuse.faces.align import dlib_chip_transform, warp_chip
 from facefuse.faces.attributes import attribute_chip, read_age, read_gender
-from facefuse.faces.detector_base import PASS_CHUNK, Candidates, Crop, Shrunk
+from facefuse.faces.detector_base import Candidates, Crop, Shrunk
 from facefuse.faces.detectors import (
     PURPOSES,
     Detector,
@@ -122,10 +122,13 @@ def advance(stage: Stage[T], outputs: Outputs | None) -> ModelCall | Done[T]:
 
 
 def run_sync(stage: Stage[T], runner: ModelRunner) -> T:
-    """Drive ``stage`` to its end, answering every model call with ``runner``."""
+    """Drive ``stage`` to its end, answering every model call with ``runner``; a call
+    is let go once answered (its inputs may be a large photo's passes)."""
     step = advance(stage, None)
     while isinstance(step, ModelCall):
-        step = advance(stage, runner(step))
+        outputs = runner(step)
+        del step
+        step = advance(stage, outputs)
     return step.value
 
 
@@ -244,9 +247,10 @@ def _stacked(outputs: Outputs) -> list[np.ndarray]:
 #: BlazeFace's 192-px input) has its box refined by the tiles that hold it.
 COARSE_ENOUGH = 0.2
 
-#: Images of more pixels than this make the step after their last detector call a
-#: heavy one (:attr:`ModelCall.then_cuts`): what may follow, a turned copy or a set of
-#: tiles, takes over ~10 ms there.
+#: Images of more pixels than this make the step after every detector call a heavy
+#: one (:attr:`ModelCall.then_cuts`): what may follow the last, a turned copy or a
+#: set of tiles, takes over ~10 ms there. (Within any image, the step after a call
+#: that more chunks follow cuts the next one: heavy too.)
 HEAVY_CUT_PIXELS = 4_000_000
 
 
@@ -306,16 +310,22 @@ def _detect_turn(detector: Detector, rgb: np.ndarray, k: int,
 
 def _candidates(detector: Detector, shrunk: Shrunk, crops: Sequence[Crop]) -> Stage[Candidates]:
     """The candidates of the passes of ``crops`` of the ``shrunk`` image, one model
-    call per :meth:`~facefuse.faces.detector_base.BatchedDetector.chunks` group (the
-    passes of a large photo never all exist at once)."""
+    call per :meth:`~facefuse.faces.detector_base.BatchedDetector.chunks` group; each
+    group is let go before the next is cut (the drivers let go of the call too), so
+    a large photo's passes never all exist at once."""
     found: list[Candidates] = []
-    last = (len(crops) - 1) // PASS_CHUNK
+    last = (len(crops) - 1) // max(1, detector.pass_chunk)
     large = shrunk.width * shrunk.height > HEAVY_CUT_PIXELS
-    for i, items in enumerate(detector.chunks(shrunk, crops, PASS_CHUNK)):
-        outputs = yield ModelCall(registry_name(detector.model), tuple(x for x, _ in items),
-                                  then_cuts=large or i < last)
+    for i, items in enumerate(detector.chunks(shrunk, crops)):
+        boxes = [box for _, box in items]
+        call = ModelCall(registry_name(detector.model), tuple(x for x, _ in items),
+                         then_cuts=large or i < last)
+        del items
+        outputs = yield call
+        del call
         regressors, scores = _stacked(outputs)[:2]
-        found.append(detector.candidates(regressors, scores, [box for _, box in items]))
+        del outputs
+        found.append(detector.candidates(regressors, scores, boxes))
     return Candidates.concat(found)
 
 

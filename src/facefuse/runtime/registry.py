@@ -22,7 +22,7 @@ from facefuse.runtime.batch_policy import TYPICAL_BATCH
 from facefuse.runtime.binding import run_bound
 from facefuse.runtime.manifest import Manifest, ModelSpec, verify_file
 from facefuse.runtime.providers import ShapeProfile, device_of, session_fallbacks
-from facefuse.runtime.session import create_session, provider_plan
+from facefuse.runtime.session import create_session, models_plan_memory, provider_plan
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,9 @@ class ModelRegistry:
             optimized = self.settings.optimized_cache / f"{spec.sha256[:16]}.opt.onnx"
         s = self.settings
         profile = shape_profile(spec, max(s.max_batch_size, s.gpu_max_batch_size))
-        session = create_session(path, s, optimized_path=optimized, profile=profile)
+        plan = models_plan_memory() and not provider_plan(s, profile).gpu
+        session = create_session(path, s, optimized_path=optimized, profile=profile,
+                                 memory_pattern=plan)
         kept = session.get_providers()
         fallbacks = tuple(session_fallbacks(provider_plan(s, profile), kept))
         for reason in fallbacks:

@@ -40,13 +40,16 @@ def resolve_providers(
     return list(plan.entries)
 
 
-#: Whether sessions opened from now on plan their intermediates (:func:`use_memory_pattern`).
+#: Whether the registry's CPU model sessions opened from now on plan their
+#: intermediates (:func:`use_memory_pattern`).
 _memory_pattern = False
 
 
 def use_memory_pattern(on: bool = True) -> None:
-    """Sessions opened from now on in this process plan each input shape's
-    intermediate tensors into one block (ONNX Runtime's memory pattern), or not.
+    """The registry's model sessions opened from now on in this process, on the CPU,
+    plan each input shape's intermediate tensors into one block (ONNX Runtime's
+    memory pattern), or not (:func:`models_plan_memory`). Other sessions (the pixel
+    graphs, whose input shapes change with every image; GPU ones) keep it off.
 
     It pays where glibc gives every large block a mapping of its own (a pinned mmap
     threshold, as the server sets: facefuse.serving.run.MMAP_THRESHOLD): a run then
@@ -60,17 +63,23 @@ def use_memory_pattern(on: bool = True) -> None:
     _memory_pattern = on
 
 
-def session_options(settings: Settings, optimized_path: Path | None = None) -> ort.SessionOptions:
+def models_plan_memory() -> bool:
+    """Whether :func:`use_memory_pattern` asked for the memory pattern."""
+    return _memory_pattern
+
+
+def session_options(settings: Settings, optimized_path: Path | None = None, *,
+                    memory_pattern: bool = False) -> ort.SessionOptions:
     """SessionOptions tuned for low memory: sequential execution, CPU arena per
     ``settings.ort_cpu_arena`` (off by default), a memory pattern per input shape
-    when this process asked for it (:func:`use_memory_pattern`), full graph
-    optimisation, ``settings.threads`` intra-op workers that do not spin."""
+    only when asked (:func:`models_plan_memory`), full graph optimisation,
+    ``settings.threads`` intra-op workers that do not spin."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = settings.threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.enable_cpu_mem_arena = settings.ort_cpu_arena
-    so.enable_mem_pattern = _memory_pattern
+    so.enable_mem_pattern = memory_pattern
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
     # Idle intra-op workers sleep instead of spinning: our model calls are short and
@@ -89,10 +98,13 @@ def create_session(
     *,
     optimized_path: Path | None = None,
     profile: ShapeProfile | None = None,
+    memory_pattern: bool = False,
 ) -> ort.InferenceSession:
     """Open an ONNX model (a path or the serialized bytes) as an InferenceSession.
 
     ``profile``: the model's input shapes and batch range (TensorRT's shape profile).
+    ``memory_pattern``: plan each input shape's intermediates (see
+    :func:`use_memory_pattern`).
 
     Raises :class:`ModelCorruptError` when ONNX Runtime cannot parse the model.
     """
@@ -100,7 +112,8 @@ def create_session(
     try:
         return ort.InferenceSession(
             source,
-            sess_options=session_options(settings, optimized_path),
+            sess_options=session_options(settings, optimized_path,
+                                         memory_pattern=memory_pattern),
             providers=resolve_providers(settings, profile),
         )
     except Exception as exc:  # ORT raises several private exception types

@@ -6,8 +6,10 @@ faces, what to score (:mod:`facefuse.fusion.plan`) — and the rendering
 piece runs. Per request, nothing CPU-heavy runs on the event loop:
 
 * decoding (+ pixel hash), each stage's first step — letterboxing, ROI warps, chip
-  cuts — and the fusion and encoding run in a bounded *CPU pool*; the short steps
-  that decode a model's outputs run on the loop (see :meth:`Pipeline.run`);
+  cuts — the steps that cut more inputs after a call (a large photo's next detector
+  passes, a turned copy) and the fusion and encoding run in a bounded *CPU pool*;
+  the short steps that decode a model's outputs run on the loop (see
+  :meth:`Pipeline.run`);
 * each model call of a stage is answered by one :class:`MicroBatcher` per model,
   which stacks the items of concurrent requests into one model run in the bounded
   *inference pool* (models without a batcher, age and gender, run there directly).
@@ -473,6 +475,7 @@ class Pipeline:
         while isinstance(step, ModelCall):
             heavy = step.then_cuts
             outputs = await self._answer(step, ctx)
+            del step  # a large photo's passes: not held while the next are cut
             step = (await self.in_cpu_pool(stages.advance, stage, outputs) if heavy
                     else stages.advance(stage, outputs))
         return step.value

@@ -105,9 +105,9 @@ def worker_app() -> FastAPI:
     settings = _worker_settings if _worker_settings is not None else Settings.from_env()
     configure_logging(settings.log_level)
     limit_malloc_arenas()
-    pin_mmap_threshold()
+    pinned = pin_mmap_threshold() or "MALLOC_MMAP_THRESHOLD_" in os.environ
     pin_trim_threshold()
-    use_memory_pattern()  # pays under the pinned threshold (see there)
+    use_memory_pattern(pinned)  # pays under a pinned threshold only (see there)
     return create_app(settings)
 
 
