@@ -307,18 +307,20 @@ def test_coarse_first_runs_the_tiles_only_when_the_whole_image_is_not_enough(
     # that hold it whole run, and its box is exactly the one every tile gives.
     picture = _paste((3000, 4000), image, 1400, (200, 200))[0]
     shrunk = full.shrunk(picture)
-    tiles = full.tile_passes(shrunk)
-    holding = full.tile_passes(shrunk, around=_single(full, picture))
-    # (Cut from the one shrunk copy, the passes are those of every pass cut at once.)
+    tiles = full.tile_crops(shrunk)
+    holding = full.tile_crops(shrunk, around=_single(full, picture))
+    # (Cut from the one shrunk copy a chunk at a time, the passes are those of every
+    # pass cut at once.)
     at_once = full.preprocess(picture)
-    for (t, box), (t_all, box_all) in zip([*full.whole_pass(shrunk), *tiles], at_once,
-                                          strict=True):
+    whole = full.crops(shrunk.width, shrunk.height)[0]
+    cut = [p for group in full.chunks(shrunk, [whole, *tiles]) for p in group]
+    for (t, box), (t_all, box_all) in zip(cut, at_once, strict=True):
         np.testing.assert_array_equal(t, t_all)
         assert box == box_all
     assert 0 < len(holding) < len(tiles)
     everywhere = Detection(bbox=np.array([10, 10, 3990, 2990], np.float32), score=0.9,
                            keypoints=np.zeros((6, 2), np.float32))
-    assert len(full.tile_passes(shrunk, around=everywhere)) == len(tiles)  # none holds it
+    assert len(full.tile_crops(shrunk, around=everywhere)) == len(tiles)  # none holds it
     found, calls = _run_counting(stages.detect(full, picture, coarse_first=True), full)
     assert calls == [1, *_chunked(len(holding))]
     plain = _run_counting(stages.detect(full, picture), full)[0]

@@ -336,16 +336,12 @@ class BatchedDetector:
         return self._passes(image, self.crops(w, h))
 
     def shrunk(self, image: np.ndarray) -> Shrunk:
-        """``image`` shrunk once for all its passes: :meth:`chunks`, :meth:`whole_pass`
-        and :meth:`tile_passes` of it cut theirs from the one copy, as
-        :meth:`preprocess` would."""
+        """``image`` shrunk once for all its passes: the :meth:`chunks` of any of its
+        crops (the whole image, :meth:`tile_crops`) are cut from the one copy, as
+        :meth:`preprocess` would cut them."""
         require_rgb(image)
         h, w = image.shape[:2]
         return shrink_for(image, self.size, self.crops(w, h))
-
-    def whole_pass(self, image: Shrunk) -> list[Pass]:
-        """``preprocess(image)[:1]`` of the :meth:`shrunk` image, without the tiles."""
-        return self._passes(image, self.crops(image.width, image.height)[:1])
 
     def tile_crops(self, image: Shrunk, around: Detection | None = None) -> list[Crop]:
         """The tiles of the :meth:`shrunk` image (none for a small image). With
@@ -360,12 +356,6 @@ class BatchedDetector:
             holding = [t for t in tiles if holds(t, around.bbox)]
             tiles = holding or tiles
         return tiles
-
-    def tile_passes(self, image: Shrunk, around: Detection | None = None) -> list[Pass]:
-        """``preprocess(image)[1:]`` of the :meth:`shrunk` image, only the
-        :meth:`tile_crops` (``around``) ones."""
-        tiles = self.tile_crops(image, around)
-        return self._passes(image, tiles) if tiles else []
 
     def chunks(self, image: Shrunk, crops: Sequence[Crop]) -> Iterator[list[Pass]]:
         """The passes of ``crops`` of the :meth:`shrunk` image, :attr:`pass_chunk` at a

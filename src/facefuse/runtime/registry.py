@@ -182,11 +182,11 @@ class ModelRegistry:
             optimized = self.settings.optimized_cache / f"{spec.sha256[:16]}.opt.onnx"
         s = self.settings
         profile = shape_profile(spec, max(s.max_batch_size, s.gpu_max_batch_size))
-        plan = models_plan_memory() and not provider_plan(s, profile).gpu
+        providers = provider_plan(s, profile)
         session = create_session(path, s, optimized_path=optimized, profile=profile,
-                                 memory_pattern=plan)
+                                 memory_pattern=models_plan_memory() and not providers.gpu)
         kept = session.get_providers()
-        fallbacks = tuple(session_fallbacks(provider_plan(s, profile), kept))
+        fallbacks = tuple(session_fallbacks(providers, kept))
         for reason in fallbacks:
             log.warning("model %s: %s", spec.name, reason)
         bind = s.io_binding == "on" or (s.io_binding == "auto" and device_of(kept[0]) != "cpu")

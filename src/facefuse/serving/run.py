@@ -53,7 +53,6 @@ M_TRIM_THRESHOLD = -1
 MMAP_THRESHOLD = 4 * 1024 * 1024
 
 
-
 def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
     """Cap glibc's malloc arenas, as ``MALLOC_ARENA_MAX=2`` would (unless that is set).
 
