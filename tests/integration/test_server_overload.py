@@ -22,7 +22,11 @@ from server_harness import GRACEFUL_EXIT, ServerProcess, graceful, metric_values
 from facefuse.config import Settings
 
 SLOW = {"FACEFUSE_DEBUG_BATCH_DELAY_MS": "500", "FACEFUSE_MAX_QUEUE_SIZE": "2",
-        "FACEFUSE_MAX_BATCH_SIZE": "1", "FACEFUSE_RETRY_AFTER_S": "2"}
+        "FACEFUSE_MAX_BATCH_SIZE": "1", "FACEFUSE_RETRY_AFTER_S": "2",
+        # Every concurrent request in the pipeline at once, so their model items meet
+        # the two-item queue together (with the default 3, a request's detector
+        # passes now enter one batch at a time and the queue filled only by timing).
+        "FACEFUSE_MAX_ACTIVE": "8"}
 
 
 @pytest.fixture(scope="module")
