@@ -21,7 +21,14 @@ from facefuse.faces.blazeface import (
     ssd_anchors,
     weighted_nms,
 )
-from facefuse.faces.detector_base import PASS_CHUNK, Candidates, letterbox, tile_grid
+from facefuse.faces.detector_base import (
+    PASS_CHUNK,
+    Candidates,
+    letterbox,
+    shrink_for,
+    tile_grid,
+)
+from facefuse.faces.rotation import rotate_image
 from facefuse.faces.types import Detection
 from facefuse.runtime.registry import ModelRegistry
 
@@ -367,6 +374,22 @@ def test_letterbox_maps_back_exactly() -> None:
     # The padding is black, the image area is not altered.
     assert canvas[: box.pad_y].max() == 0
     assert canvas[box.pad_y + 58 :].max() == 0
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2, 3])
+def test_a_turned_shrink_is_the_shrink_of_the_turned_image(turns: int) -> None:
+    # Sides that are no multiple of the factor: the dropped remainder must be the
+    # turned image's right/bottom, whichever sides of the image those are.
+    rng = np.random.default_rng(turns)
+    for h, w, size in ((1001, 1503, 128), (767, 333, 64), (90, 70, 128)):
+        image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        turned = rotate_image(image, turns)
+        crops = [(0, 0, turned.shape[1], turned.shape[0])]
+        want = shrink_for(turned, size, crops)
+        got = shrink_for(image, size, crops, turns)
+        assert (got.k, got.width, got.height) == (want.k, want.width, want.height)
+        assert got.small.flags.c_contiguous
+        np.testing.assert_array_equal(got.small, want.small)
 
 
 def test_tile_grid_covers_the_image_and_respects_tile_above() -> None:

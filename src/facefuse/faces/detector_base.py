@@ -172,17 +172,34 @@ class Shrunk:
 
 
 def shrink_for(image: np.ndarray, size: int,
-               crops: Sequence[tuple[int, int, int, int]]) -> Shrunk:
-    """``image`` shrunk by the largest integer factor every pass of ``crops`` can
-    afford (OpenCV's fast exact area path); the < k pixels at the right/bottom that
-    do not fill a k×k block are dropped."""
+               crops: Sequence[tuple[int, int, int, int]], quarter_turns: int = 0) -> Shrunk:
+    """``image`` turned ``quarter_turns`` × 90° counter-clockwise (as
+    :func:`~facefuse.faces.rotation.rotate_image` turns it; ``crops`` are in the
+    turned image's pixels), shrunk by the largest integer factor every pass of
+    ``crops`` can afford (OpenCV's fast exact area path); the < k pixels at the
+    turned image's right/bottom that do not fill a k×k block are dropped.
+
+    Only the shrunk copy is turned: the blocks are averaged on the image as it is,
+    on the grid the turned image's top-left corner anchors, so the result is that
+    of shrinking the turned image, to the bit, without a turned full-size copy."""
+    t = quarter_turns % 4
     h, w = image.shape[:2]
-    k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // size), w, h)
+    tw, th = (h, w) if t % 2 else (w, h)
+    k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // size), tw, th)
     if k < 2:
-        return Shrunk(image, 1, w, h)
+        turned = image if t == 0 else np.ascontiguousarray(np.rot90(image, t))
+        return Shrunk(turned, 1, tw, th)
+    # The turned image's top-left corner is the image's top-right (1 turn), bottom-
+    # right (2) or bottom-left (3): the blocks start there, the remainder is dropped
+    # at the opposite sides.
+    x0 = w % k if t in (1, 2) else 0
+    y0 = h % k if t in (2, 3) else 0
     wk, hk = w // k, h // k
-    small = cv2.resize(image[: hk * k, : wk * k], (wk, hk), interpolation=cv2.INTER_AREA)
-    return Shrunk(small, k, w, h)
+    small = cv2.resize(image[y0: y0 + hk * k, x0: x0 + wk * k], (wk, hk),
+                       interpolation=cv2.INTER_AREA)
+    if t:
+        small = np.ascontiguousarray(np.rot90(small, t))
+    return Shrunk(small, k, tw, th)
 
 
 def letterbox_passes(
@@ -335,13 +352,15 @@ class BatchedDetector:
         h, w = image.shape[:2]
         return self._passes(image, self.crops(w, h))
 
-    def shrunk(self, image: np.ndarray) -> Shrunk:
-        """``image`` shrunk once for all its passes: the :meth:`chunks` of any of its
-        crops (the whole image, :meth:`tile_crops`) are cut from the one copy, as
-        :meth:`preprocess` would cut them."""
+    def shrunk(self, image: np.ndarray, quarter_turns: int = 0) -> Shrunk:
+        """``image`` (turned ``quarter_turns`` × 90° counter-clockwise, see
+        :func:`shrink_for`) shrunk once for all its passes: the :meth:`chunks` of any
+        of its crops (the whole image, :meth:`tile_crops`) are cut from the one copy,
+        as :meth:`preprocess` would cut them from the turned image."""
         require_rgb(image)
         h, w = image.shape[:2]
-        return shrink_for(image, self.size, self.crops(w, h))
+        tw, th = (h, w) if quarter_turns % 2 else (w, h)
+        return shrink_for(image, self.size, self.crops(tw, th), quarter_turns)
 
     def tile_crops(self, image: Shrunk, around: Detection | None = None) -> list[Crop]:
         """The tiles of the :meth:`shrunk` image (none for a small image). With

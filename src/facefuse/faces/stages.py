@@ -57,7 +57,6 @@ from facefuse.faces.recognizer import Recognizer, normalize
 from facefuse.faces.rotation import (
     REORIENT_BELOW,
     REORIENT_TURNS,
-    rotate_image,
     turned_detection,
     unrotate_detection,
 )
@@ -286,8 +285,8 @@ def _detect_turn(detector: Detector, rgb: np.ndarray, k: int,
                  coarse_first: bool) -> Stage[list[Detection]]:
     """:func:`detect` for the one quarter turn ``k``, in ``rgb``'s pixels."""
     h, w = rgb.shape[:2]
-    image = rotate_image(rgb, k)
-    shrunk = detector.shrunk(image)  # once, for the whole image's pass and any tile's
+    # Once, for the whole image's pass and any tile's; only the shrunk copy is turned.
+    shrunk = detector.shrunk(rgb, k)
     crops = detector.crops(shrunk.width, shrunk.height)
     if not coarse_first:
         found = detector.detections((yield from _candidates(detector, shrunk, crops)),
