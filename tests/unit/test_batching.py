@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from facefuse.errors import DeadlineExceededError, OverloadedError
-from facefuse.serving.batching import MicroBatcher
+from facefuse.serving.batching import MicroBatcher, Owner
 
 pytestmark = pytest.mark.anyio
 
@@ -363,7 +363,7 @@ async def test_one_requests_groups_never_overflow_the_queue_for_each_other(
     gate = threading.Event()
     rec = Recorder(gate)
     b = MicroBatcher("rec", rec, executor=executor, max_batch_size=4, max_queue_size=2)
-    request, other = object(), object()
+    request, other = Owner(), Owner()
     try:
         first = asyncio.ensure_future(b.submit(item(100)))
         await wait_until(rec.started.is_set, "first batch started")
@@ -380,6 +380,35 @@ async def test_one_requests_groups_never_overflow_the_queue_for_each_other(
         rows = await group
         assert [float(r[0].reshape(-1)[0]) for r in rows] == [2.0 * (10 * g + i)
                                                              for i in range(3)]
+    await b.drain(10)
+
+
+async def test_a_request_let_in_once_is_never_refused_part_way(
+    executor: ThreadPoolExecutor,
+) -> None:
+    """A request whose first items were let in (a large photo's first chunk of
+    detector passes) comes back with more while other requests fill the two-item
+    queue: it is served, where a new request is refused."""
+    gate = threading.Event()
+    rec = Recorder(gate)
+    b = MicroBatcher("rec", rec, executor=executor, max_batch_size=4, max_queue_size=2)
+    large, others, late = Owner(), Owner(), Owner()
+    try:
+        first = asyncio.ensure_future(b.submit_many([item(1)], owner=large))
+        await wait_until(rec.started.is_set, "its first chunk running")
+        assert large.admitted
+        crowd = asyncio.ensure_future(b.submit_many([item(2), item(3)], owner=others))
+        await wait_until(lambda: b.queue_depth == 2, "the queue full of another's items")
+        with pytest.raises(OverloadedError):
+            await b.submit_many([item(4)], owner=late)
+        assert not late.admitted
+        more = asyncio.ensure_future(b.submit_many([item(5), item(6)], owner=large))
+        await wait_until(lambda: b.queue_depth == 4, "its next chunk queued past the bound")
+    finally:
+        gate.set()
+    assert [float(r[0].reshape(-1)[0]) for r in await first] == [2.0]
+    assert [float(r[0].reshape(-1)[0]) for r in await more] == [10.0, 12.0]
+    await crowd
     await b.drain(10)
 
 

@@ -20,7 +20,11 @@ Bounded everything:
   items *of other callers* are already waiting. A group is never refused for its
   own size, nor for the items its own request (``owner``: all the images of one
   request) queued before it, so a request admitted on an idle server is never
-  refused by its own images; the queue can exceed the bound by one request's items;
+  refused by its own images; the queue can exceed the bound by one request's items.
+  A request is refused only before its first items are let in (by any batcher
+  sharing its :class:`Owner`): one part-way through (a large photo's detector passes
+  come a chunk at a time, its faces' mesh calls after them) is finished, not turned
+  away with its work half done;
 * a per-request ``deadline`` (``time.monotonic()`` seconds) raises
   :class:`~facefuse.errors.DeadlineExceededError` (HTTP 504); an item whose
   deadline passed before its batch started is dropped, not computed;
@@ -80,6 +84,16 @@ class BatchObserver(Protocol):
         """Items now queued (not yet started) for ``model``."""
 
 
+class Owner:
+    """The request some queued items belong to (compared by identity).
+
+    ``admitted``: some of its items were let into a batcher's queue; from then on
+    none of its items meets a queue's bound (see the module doc).
+    """
+
+    admitted: bool = False
+
+
 @dataclass(eq=False)
 class _Item:
     """One queued input; identity equality so ``deque.remove`` never compares arrays."""
@@ -88,7 +102,7 @@ class _Item:
     future: asyncio.Future[list[np.ndarray]]
     enqueued: float
     deadline: float | None
-    owner: object | None = None
+    owner: Owner | None = None
     key: tuple[tuple[int, ...], np.dtype[np.generic]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -220,7 +234,7 @@ class MicroBatcher:
 
     async def submit_many(
         self, xs: Sequence[np.ndarray], *, deadline: float | None = None,
-        owner: object | None = None,
+        owner: Owner | None = None,
     ) -> list[list[np.ndarray]]:
         """Queue the model inputs of one caller together and wait for all their outputs.
 
@@ -228,8 +242,9 @@ class MicroBatcher:
             xs: inputs, each WITHOUT the batch dimension (e.g. ``(3, 150, 150)``
                 float32). Items of different shape or dtype are never stacked together.
             deadline: ``time.monotonic()`` seconds after which the caller gives up.
-            owner: the request these items belong to (any object, compared by
-                identity): its own queued items never count against the bound.
+            owner: the request these items belong to (compared by identity): its
+                own queued items never count against the bound, and once it was let
+                into any queue (:attr:`Owner.admitted`) it is never refused for it.
 
         Returns:
             Per input, one array per model output: row ``i`` of each output of its
@@ -237,7 +252,7 @@ class MicroBatcher:
 
         Raises:
             OverloadedError: ``max_queue_size`` items of other owners are already
-                waiting, or the batcher is draining.
+                waiting (and ``owner`` was never let in), or the batcher is draining.
             DeadlineExceededError: ``deadline`` passed first.
             Exception: whatever ``run_batch`` raised, for every caller of that batch.
         """
@@ -251,12 +266,15 @@ class MicroBatcher:
         now = time.monotonic()
         if deadline is not None and deadline <= now:
             raise DeadlineExceededError(f"{self.name}: deadline passed before queueing")
-        others = len(self._queue) if owner is None else sum(
-            1 for queued in self._queue if queued.owner is not owner)
-        if others >= self.max_queue_size:
-            raise OverloadedError(
-                f"{self.name}: queue full ({self.max_queue_size} items); retry later"
-            )
+        if owner is None or not owner.admitted:
+            others = len(self._queue) if owner is None else sum(
+                1 for queued in self._queue if queued.owner is not owner)
+            if others >= self.max_queue_size:
+                raise OverloadedError(
+                    f"{self.name}: queue full ({self.max_queue_size} items); retry later"
+                )
+            if owner is not None:
+                owner.admitted = True
         loop = asyncio.get_running_loop()
         items = [_Item(x=x, future=loop.create_future(), enqueued=now, deadline=deadline,
                        owner=owner) for x in xs]

@@ -62,7 +62,7 @@ from facefuse.runtime.manifest import ModelSpec
 from facefuse.runtime.providers import device_of
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.runtime.warmup import warm_up
-from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher
+from facefuse.serving.batching import BatchFn, BatchObserver, MicroBatcher, Owner
 from facefuse.serving.budget import BYTES_PER_PIXEL, MemoryBudget, budget_bytes
 from facefuse.serving.cache.keys import analysis_key, sha256_hex
 from facefuse.serving.cache.lru import ByteLRU
@@ -84,9 +84,10 @@ FACE_OVERHEAD = 1024
 ANALYSIS_OVERHEAD = 512
 
 
-@dataclass
-class RequestContext:
-    """Per-request state the pipeline needs.
+@dataclass(eq=False)
+class RequestContext(Owner):
+    """Per-request state the pipeline needs; the :class:`~facefuse.serving.batching.Owner`
+    of its model inputs in the batchers' queues.
 
     Attributes:
         deadline: ``time.monotonic()`` seconds after which the request gives up (504).
