@@ -13,6 +13,15 @@ Quick start::
 
 from __future__ import annotations
 
+import os
+
+# OpenCV's pool workers spin after every parallel call (2000 rounds, half of them
+# sched_yield system calls) before they sleep: with OpenCV called a few dozen times
+# per request, that spin was 13-18 ms of system CPU per ~2 MP fusion request on
+# 2 cores, for no gain in latency. Read once, when cv2 is first imported (no
+# facefuse module has imported it yet); a value in the environment wins.
+os.environ.setdefault("OPENCV_THREAD_POOL_ACTIVE_WAIT_WORKER", "0")
+
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any

@@ -1,4 +1,4 @@
-"""The server's glibc malloc settings, observed in a child process's RSS."""
+"""The server's glibc malloc settings, observed in a child process's RSS; OpenCV's pool spin."""
 
 from __future__ import annotations
 
@@ -119,3 +119,17 @@ def test_the_glibc_trim_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
     assert pin_trim_threshold() is False
+
+
+def _opencv_wait(env: dict[str, str]) -> str:
+    child = ("import os, facefuse, cv2; "
+             "print(os.environ['OPENCV_THREAD_POOL_ACTIVE_WAIT_WORKER'])")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True, env={"PATH": "/usr/bin:/bin", **env})
+    return out.stdout.strip()
+
+
+def test_opencv_pool_workers_sleep_between_calls_unless_told_otherwise() -> None:
+    # Read by OpenCV when cv2 is imported: facefuse sets it first, a user's value wins.
+    assert _opencv_wait({}) == "0"
+    assert _opencv_wait({"OPENCV_THREAD_POOL_ACTIVE_WAIT_WORKER": "2000"}) == "2000"
