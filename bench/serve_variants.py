@@ -6,13 +6,15 @@ All servers are up at once (an idle one costs no CPU); for ``--rounds`` interlea
 rounds each in turn gets closed-loop ``POST /v1/fuse`` load of distinct portraits
 (bench/serve.py's, never the same pixels twice) at 1 client (p50 latency) and at 8
 (throughput), as in bench/ab.py. Beside latency and throughput, the server's CPU
-time per answered request (user + system of its processes, ``/proc/PID/stat``): on a
+time per answered request (user + system of its processes, ``/proc/PID/stat``, and
+the system part alone) and its peak RSS (VmHWM summed over its processes): on a
 shared machine the other work changes wall times far more than the CPU a request
 costs, and at 8 clients on 2 saturated cores throughput is ~2 s / that cost. Medians
 of the rounds, and each variant's ratio to the first.
 
     .venv/bin/python bench/serve_variants.py default cv1:OPENCV_FOR_THREADS_NUM=1 \\
-        ort2:FACEFUSE_THREADS=2 [--rounds 4] [--duration 5] [--megapixels 2] [--name NAME]
+        ort2:FACEFUSE_THREADS=2 "w2:ARGS=--workers 2" [--rounds 4] [--duration 5] \\
+        [--megapixels 2] [--name NAME]
 
 Writes bench/results/NAME.json (default serve_variants; no BENCHMARKS.md section:
 cite the figures where they decide something).
@@ -37,28 +39,38 @@ from report import ROOT, machine, write_json
 from serve import Inputs, Pool, closed_loop, load1, server
 
 
-def cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of ``pids`` so far."""
+def cpu_s(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of ``pids`` so far."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    user = system = 0
     for pid in pids:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+        user += int(fields[11])
+        system += int(fields[12])
+    return user / tick, system / tick
 
 
 def measured(srv: Any, name: str, pool: Pool, c: int, duration: float) -> dict[str, Any]:
-    """One level (bench/ab.py's), with the server's CPU milliseconds per answer."""
-    before = cpu_s(srv.pids())
+    """One level (bench/ab.py's), with the server's CPU milliseconds per answer (all
+    of it, and the system part)."""
+    user0, sys0 = cpu_s(srv.pids())
     row = level(srv, name, pool, c, duration)
-    row["cpu_ms_per_req"] = round(1000 * (cpu_s(srv.pids()) - before) / max(1, row["requests"]),
-                                  1)
-    print(name, c, "cpu ms/request", row["cpu_ms_per_req"], flush=True)
+    user1, sys1 = cpu_s(srv.pids())
+    n = max(1, row["requests"])
+    row["cpu_ms_per_req"] = round(1000 * (user1 + sys1 - user0 - sys0) / n, 1)
+    row["sys_ms_per_req"] = round(1000 * (sys1 - sys0) / n, 1)
+    print(name, c, "cpu ms/request", row["cpu_ms_per_req"], "system", row["sys_ms_per_req"],
+          flush=True)
     return row
 
 
+#: A variant's key for arguments to ``facefuse serve`` (split on spaces), not the environment.
+ARGS_KEY = "ARGS"
+
+
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    """``name:A=1,B=2`` → ``("name", {"A": "1", "B": "2"})``."""
+    """``name:A=1,B=2`` → ``("name", {"A": "1", "B": "2"})``; ``ARGS=--workers 2``
+    passes ``--workers 2`` to ``facefuse serve``."""
     name, _, rest = text.partition(":")
     env = dict(item.split("=", 1) for item in rest.split(",") if item)
     return name, env
@@ -83,7 +95,8 @@ def main() -> None:
     loads = [load1()]
     with contextlib.ExitStack() as stack:
         servers = {name: stack.enter_context(server(
-            {"PYTHONPATH": str(ROOT / "src"), **env}, log)) for name, env in variants.items()}
+            {"PYTHONPATH": str(ROOT / "src"), **{k: v for k, v in env.items() if k != ARGS_KEY}},
+            log, tuple(env.get(ARGS_KEY, "").split()))) for name, env in variants.items()}
         for srv in servers.values():  # warm up (allocator, ORT first runs)
             closed_loop(srv, "/v1/fuse", 2, 2.0, inputs.pairs(30))
         for _ in range(args.rounds):
@@ -97,6 +110,9 @@ def main() -> None:
                       "p95_ms_c8": statistics.median(x["p95_ms"] for x in r["8"]),
                       "cpu_ms_c1": statistics.median(x["cpu_ms_per_req"] for x in r["1"]),
                       "cpu_ms_c8": statistics.median(x["cpu_ms_per_req"] for x in r["8"]),
+                      "sys_ms_c1": statistics.median(x["sys_ms_per_req"] for x in r["1"]),
+                      "sys_ms_c8": statistics.median(x["sys_ms_per_req"] for x in r["8"]),
+                      "peak_rss_mb": max(x["peak_rss_mb"] for c in r.values() for x in c),
                       "errors": sum(x["other_errors"] for c in r.values() for x in c)}
                for name, r in rows.items()}
     first = summary[next(iter(summary))]
