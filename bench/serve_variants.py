@@ -70,7 +70,8 @@ ARGS_KEY = "ARGS"
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     """``name:A=1,B=2`` → ``("name", {"A": "1", "B": "2"})``; ``ARGS=--workers 2``
-    passes ``--workers 2`` to ``facefuse serve``."""
+    passes ``--workers 2`` to ``facefuse serve`` (values are split on commas: none in
+    them)."""
     name, _, rest = text.partition(":")
     env = dict(item.split("=", 1) for item in rest.split(",") if item)
     return name, env

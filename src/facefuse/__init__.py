@@ -9,6 +9,10 @@ Quick start::
     result.image                                    # RGB uint8, the target's size
     facefuse.fuse("me.jpg", "group.jpg", reference="them.jpg")  # replace that person
     facefuse.verify("a.jpg", "b.jpg").same_person   # dlib's rule: distance < 0.6
+
+Importing it sets ``OPENCV_THREAD_POOL_ACTIVE_WAIT_WORKER=0`` in the process's
+environment unless a value is there (OpenCV's pool threads then sleep between calls
+instead of spinning; subprocesses inherit it): import ``facefuse`` before ``cv2``.
 """
 
 from __future__ import annotations

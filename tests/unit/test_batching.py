@@ -396,12 +396,12 @@ async def test_a_request_let_in_once_is_never_refused_part_way(
     try:
         first = asyncio.ensure_future(b.submit_many([item(1)], owner=large))
         await wait_until(rec.started.is_set, "its first chunk running")
-        assert large.admitted
+        assert large.let_in
         crowd = asyncio.ensure_future(b.submit_many([item(2), item(3)], owner=others))
         await wait_until(lambda: b.queue_depth == 2, "the queue full of another's items")
         with pytest.raises(OverloadedError):
             await b.submit_many([item(4)], owner=late)
-        assert not late.admitted
+        assert not late.let_in
         more = asyncio.ensure_future(b.submit_many([item(5), item(6)], owner=large))
         await wait_until(lambda: b.queue_depth == 4, "its next chunk queued past the bound")
     finally:
@@ -410,6 +410,36 @@ async def test_a_request_let_in_once_is_never_refused_part_way(
     assert [float(r[0].reshape(-1)[0]) for r in await more] == [10.0, 12.0]
     await crowd
     await b.drain(10)
+
+
+async def test_a_request_let_in_by_one_batcher_is_not_refused_by_the_next(
+    executor: ThreadPoolExecutor,
+) -> None:
+    """Let in at the detector, a request's mesh call meets a mesh queue full of other
+    requests' items: served all the same (a new request there is refused)."""
+    detector = MicroBatcher("det", Recorder(), executor=executor, max_batch_size=4)
+    gate = threading.Event()
+    rec = Recorder(gate)
+    mesh = MicroBatcher("mesh", rec, executor=executor, max_batch_size=4, max_queue_size=2)
+    request, others, late = Owner(), Owner(), Owner()
+    try:
+        await detector.submit_many([item(1)], owner=request)
+        assert request.let_in
+        first = asyncio.ensure_future(mesh.submit_many([item(2)], owner=others))
+        await wait_until(rec.started.is_set, "a mesh batch running")
+        crowd = asyncio.ensure_future(mesh.submit_many([item(3), item(4)], owner=others))
+        await wait_until(lambda: mesh.queue_depth == 2, "the mesh queue full")
+        with pytest.raises(OverloadedError):
+            await mesh.submit_many([item(5)], owner=late)
+        mine = asyncio.ensure_future(mesh.submit_many([item(6)], owner=request))
+        await wait_until(lambda: mesh.queue_depth == 3, "its mesh item queued past the bound")
+    finally:
+        gate.set()
+    assert [float(r[0].reshape(-1)[0]) for r in await mine] == [12.0]
+    await first
+    await crowd
+    await mesh.drain(10)
+    await detector.drain(10)
 
 
 async def test_a_failed_group_leaves_no_unretrieved_exception(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,13 @@ def test_opencv_pool_workers_sleep_between_calls_unless_told_otherwise() -> None
     # Read by OpenCV when cv2 is imported: facefuse sets it first, a user's value wins.
     assert _opencv_wait({}) == "0"
     assert _opencv_wait({"OPENCV_THREAD_POOL_ACTIVE_WAIT_WORKER": "2000"}) == "2000"
+    # First: no facefuse module imports cv2 on `import facefuse` itself ...
+    child = "import sys, facefuse; print('cv2' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True, env={"PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "False"
+    # ... and the OpenCV in use still reads that very variable.
+    import cv2
+
+    modules = [p for p in Path(cv2.__file__).parent.glob("*.so") if p.is_file()]
+    assert any(b"OPENCV_THREAD_POOL_ACTIVE_WAIT_WORKER" in p.read_bytes() for p in modules)

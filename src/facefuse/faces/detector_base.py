@@ -161,9 +161,9 @@ def _starts(extent: int, tile: int, stride: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Shrunk:
-    """An image shrunk once for a set of its passes (:func:`shrink_for`): ``small``, its
-    ``k``-fold area average (the image itself for ``k`` = 1), and the ``image``'s
-    (width, height)."""
+    """An image (turned, when :func:`shrink_for` was asked to turn it) shrunk once for a
+    set of its passes: ``small``, its ``k``-fold area average (the turned image itself
+    for ``k`` = 1), and the turned image's (width, height)."""
 
     small: np.ndarray
     k: int

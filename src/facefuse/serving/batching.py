@@ -20,11 +20,12 @@ Bounded everything:
   items *of other callers* are already waiting. A group is never refused for its
   own size, nor for the items its own request (``owner``: all the images of one
   request) queued before it, so a request admitted on an idle server is never
-  refused by its own images; the queue can exceed the bound by one request's items.
-  A request is refused only before its first items are let in (by any batcher
-  sharing its :class:`Owner`): one part-way through (a large photo's detector passes
-  come a chunk at a time, its faces' mesh calls after them) is finished, not turned
-  away with its work half done;
+  refused by its own images. A request is refused only before its first items are
+  let in, by any batcher (its :class:`Owner` carries that across batchers): one
+  part-way through (a large photo's detector passes come a chunk at a time, its
+  faces' mesh calls after them) is finished, not turned away with its work half
+  done. So a queue can exceed the bound by the items of the requests already let in
+  (the server keeps at most ``FACEFUSE_MAX_ACTIVE`` requests in its pipeline);
 * a per-request ``deadline`` (``time.monotonic()`` seconds) raises
   :class:`~facefuse.errors.DeadlineExceededError` (HTTP 504); an item whose
   deadline passed before its batch started is dropped, not computed;
@@ -87,11 +88,11 @@ class BatchObserver(Protocol):
 class Owner:
     """The request some queued items belong to (compared by identity).
 
-    ``admitted``: some of its items were let into a batcher's queue; from then on
-    none of its items meets a queue's bound (see the module doc).
+    ``let_in``: some of its items were let into a batcher's queue (any batcher's);
+    from then on none of its items meets a queue's bound (see the module doc).
     """
 
-    admitted: bool = False
+    let_in: bool = False
 
 
 @dataclass(eq=False)
@@ -244,7 +245,7 @@ class MicroBatcher:
             deadline: ``time.monotonic()`` seconds after which the caller gives up.
             owner: the request these items belong to (compared by identity): its
                 own queued items never count against the bound, and once it was let
-                into any queue (:attr:`Owner.admitted`) it is never refused for it.
+                into any queue (:attr:`Owner.let_in`) it is never refused for it.
 
         Returns:
             Per input, one array per model output: row ``i`` of each output of its
@@ -266,7 +267,7 @@ class MicroBatcher:
         now = time.monotonic()
         if deadline is not None and deadline <= now:
             raise DeadlineExceededError(f"{self.name}: deadline passed before queueing")
-        if owner is None or not owner.admitted:
+        if owner is None or not owner.let_in:
             others = len(self._queue) if owner is None else sum(
                 1 for queued in self._queue if queued.owner is not owner)
             if others >= self.max_queue_size:
@@ -274,7 +275,7 @@ class MicroBatcher:
                     f"{self.name}: queue full ({self.max_queue_size} items); retry later"
                 )
             if owner is not None:
-                owner.admitted = True
+                owner.let_in = True
         loop = asyncio.get_running_loop()
         items = [_Item(x=x, future=loop.create_future(), enqueued=now, deadline=deadline,
                        owner=owner) for x in xs]

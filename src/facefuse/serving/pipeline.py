@@ -97,6 +97,9 @@ class RequestContext(Owner):
         l1: L1 lookups of this request, ``"hit"`` / ``"miss"`` per image.
         tenant: whose caches this request reads and fills (the API key's label when
             caches are scoped per tenant; empty: shared).
+        let_in: (from :class:`~facefuse.serving.batching.Owner`) some of its model
+            inputs were let into a batcher's queue: it is no longer refused for a
+            full queue.
     """
 
     deadline: float | None = None
