@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from facefuse.faces.rotation import rotate_image, turned_size
 from facefuse.faces.types import Detection
 from facefuse.imaging.checks import require_rgb
 from facefuse.runtime.registry import LoadedModel
@@ -184,11 +185,10 @@ def shrink_for(image: np.ndarray, size: int,
     of shrinking the turned image, to the bit, without a turned full-size copy."""
     t = quarter_turns % 4
     h, w = image.shape[:2]
-    tw, th = (h, w) if t % 2 else (w, h)
+    tw, th = turned_size(w, h, t)
     k = min(int(min(max(cw, ch) for _, _, cw, ch in crops) // size), tw, th)
     if k < 2:
-        turned = image if t == 0 else np.ascontiguousarray(np.rot90(image, t))
-        return Shrunk(turned, 1, tw, th)
+        return Shrunk(rotate_image(image, t), 1, tw, th)
     # The turned image's top-left corner is the image's top-right (1 turn), bottom-
     # right (2) or bottom-left (3): the blocks start there, the remainder is dropped
     # at the opposite sides.
@@ -197,9 +197,7 @@ def shrink_for(image: np.ndarray, size: int,
     wk, hk = w // k, h // k
     small = cv2.resize(image[y0: y0 + hk * k, x0: x0 + wk * k], (wk, hk),
                        interpolation=cv2.INTER_AREA)
-    if t:
-        small = np.ascontiguousarray(np.rot90(small, t))
-    return Shrunk(small, k, tw, th)
+    return Shrunk(rotate_image(small, t), k, tw, th)
 
 
 def letterbox_passes(
@@ -359,8 +357,8 @@ class BatchedDetector:
         as :meth:`preprocess` would cut them from the turned image."""
         require_rgb(image)
         h, w = image.shape[:2]
-        tw, th = (h, w) if quarter_turns % 2 else (w, h)
-        return shrink_for(image, self.size, self.crops(tw, th), quarter_turns)
+        return shrink_for(image, self.size, self.crops(*turned_size(w, h, quarter_turns)),
+                          quarter_turns)
 
     def tile_crops(self, image: Shrunk, around: Detection | None = None) -> list[Crop]:
         """The tiles of the :meth:`shrunk` image (none for a small image). With

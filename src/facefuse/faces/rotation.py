@@ -32,6 +32,11 @@ def rotate_image(image: np.ndarray, quarter_turns: int) -> np.ndarray:
     return image if k == 0 else np.ascontiguousarray(np.rot90(image, k))
 
 
+def turned_size(width: int, height: int, quarter_turns: int) -> tuple[int, int]:
+    """The (width, height) of a ``width`` × ``height`` image turned ``quarter_turns``."""
+    return (height, width) if quarter_turns % 2 else (width, height)
+
+
 def unrotate_points(points: np.ndarray, quarter_turns: int, width: int, height: int) -> np.ndarray:
     """Points (..., 2) of the turned image → the original ``width`` × ``height`` image."""
     p = np.asarray(points, dtype=np.float64)
