@@ -106,14 +106,19 @@ def test_gate_refuses_a_broken_int8_recognizer_and_leaves_the_manifest(
     assert outcome.report["refused"]
 
 
+def _black_chips(cal: StageData) -> StageData:
+    """Calibration whose recogniser chips are all black: its INT8 model fails the gate."""
+    return dataclasses.replace(cal, embed=[dataclasses.replace(c, tensor=c.tensor * 0.0)
+                                           for c in cal.embed])
+
+
 def test_cli_exits_non_zero_with_the_failing_figures(
         qsettings: Settings, stage_data: tuple[StageData, StageData], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from facefuse.cli import main
 
     cal, ev = stage_data
-    broken = dataclasses.replace(cal, embed=[dataclasses.replace(c, tensor=c.tensor * 0.0)
-                                             for c in cal.embed])
+    broken = _black_chips(cal)
     monkeypatch.setattr(Quantizer, "build_data", lambda self: (broken, ev))
     monkeypatch.chdir(tmp_path)  # no ./BENCHMARKS.md to update here
     before = (qsettings.model_dir / MANIFEST_NAME).read_bytes()
@@ -159,6 +164,56 @@ def test_a_passing_int8_recognizer_is_registered_and_auto_picks_it(
     x = analyser.models.recognizer.preprocess(stages.chips(rgb, analyser.analyse(rgb, embed=False)))
     a, b = fp32.run(x)[0][0], auto.run(x)[0][0]
     assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.995
+
+
+def test_missing_judges_each_fp32_file_once_and_a_refusal_is_a_warning(
+        qsettings: Settings, stage_data: tuple[StageData, StageData], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from facefuse.cli import main
+    from facefuse.toolchain.quantize.verdicts import VERDICTS_NAME, load_verdicts
+
+    cal, ev = stage_data
+    broken = _black_chips(cal)
+    sets = [(broken, ev)]  # the last is what a run gets
+    runs: list[Quantizer] = []
+    real_build_data = Quantizer.build_data
+
+    def build_data(self: Quantizer) -> tuple[StageData, StageData]:
+        runs.append(self)
+        self._calibration, self._evaluation = sets[-1]
+        return real_build_data(self)
+
+    monkeypatch.setattr(Quantizer, "build_data", build_data)
+    monkeypatch.chdir(tmp_path)
+    argv = ["models", "quantize", "--models-dir", str(qsettings.model_dir), "--models",
+            "dlib_resnet", "--format", "qdq-u8s8", "--calibration", "minmax", "--no-bench",
+            "--report-dir", str(tmp_path / "report"), "--missing"]
+    # A refusal under --missing: a warning, exit 0, FP32 stays, the verdict recorded.
+    assert main(argv) == 0
+    assert "warning: " in capsys.readouterr().err
+    base = Manifest.load(qsettings.model_dir).get("dlib_resnet")
+    verdict = load_verdicts(qsettings.model_dir)["dlib_resnet"]["int8"]
+    assert (verdict["outcome"], verdict["base_sha256"]) == ("refused", base.sha256)
+    assert len(runs) == 1
+    # The same FP32 file and request again: nothing is judged.
+    assert main(argv) == 0
+    assert "judged before, not again" in capsys.readouterr().out and len(runs) == 1
+    # Another request (format) is judged; so is a rebuilt FP32 file (another sha256).
+    options = QuantizeOptions(models=("dlib_resnet",), fmt="qdq-u8s8", calibration="minmax",
+                              benchmark=False, report_dir=tmp_path / "report",
+                              e2e_pairs=(("obama", "biden"),), min_speedup=0.0, missing=True)
+    path = qsettings.model_dir / VERDICTS_NAME
+    path.write_text(path.read_text().replace(base.sha256, "0" * 64))
+    sets.append((cal, ev))
+    outcome = Quantizer(qsettings, options).run()
+    assert outcome.registered == ["dlib_resnet.int8"] and len(runs) == 2
+    assert Quantizer(qsettings, options).run().skipped == ["dlib_resnet"]
+    # A registered verdict stands only while its variant does.
+    manifest = Manifest.load(qsettings.model_dir)
+    del manifest.models["dlib_resnet.int8"]
+    manifest.save(qsettings.model_dir)
+    assert Quantizer(qsettings, options).run().registered == ["dlib_resnet.int8"]
+    assert len(runs) == 3
 
 
 def test_fp16_recognizer_runs_on_this_host_and_is_judged(

@@ -67,6 +67,7 @@ from facefuse.toolchain.quantize.int8 import (
     quantize_int8,
 )
 from facefuse.toolchain.quantize.report import write_report
+from facefuse.toolchain.quantize.verdicts import Outcome, judged, record
 from facefuse.toolchain.samples import fetch_samples
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,18 @@ class QuantizeOptions:
     #: An INT8 variant that passes the gate is kept only when it is at least this much
     #: faster than FP32 (geometric mean of the batch-1 and batch-8 speed-ups).
     min_speedup: float = 1.05
+    #: Judge only the models with no recorded verdict for their current FP32 file and
+    #: this request (:mod:`.verdicts`); a refusal is then recorded, not an error.
+    missing: bool = False
     command: str = "facefuse models quantize"
+
+    def precisions(self) -> list[str]:
+        """The variant precisions asked for."""
+        return [p for p, on in (("int8", self.int8), ("fp16", self.fp16)) if on]
+
+    def request(self) -> str:
+        """What a recorded verdict must match to stand for this run."""
+        return f"{self.fmt}/{self.calibration}/{QUANTIZER_VERSION}"
 
     def formats(self) -> list[str]:
         return list(FORMATS) if self.fmt == "auto" else [self.fmt]
@@ -164,6 +176,8 @@ class QuantizeOutcome:
     registered: list[str] = field(default_factory=list)
     refused: list[GateResult] = field(default_factory=list)
     written: list[Path] = field(default_factory=list)
+    #: Models not judged (``missing``): a verdict for their FP32 file stands.
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -219,6 +233,16 @@ class _Verdicts:
         default_factory=lambda: {"int8": {}, "fp16": {}})
     unkept: dict[str, Candidate] = field(default_factory=dict)
     refused: list[GateResult] = field(default_factory=list)
+
+
+def _outcome(name: str, precision: str, registered: Sequence[str],
+             verdicts: _Verdicts) -> Outcome:
+    """What the run decided for ``name``'s ``precision`` variant."""
+    if f"{name}.{precision}" in registered:
+        return "registered"
+    if precision == "int8" and name in verdicts.unkept:
+        return "not faster"
+    return "refused"
 
 
 class Quantizer:
@@ -443,6 +467,17 @@ class Quantizer:
         """Judge every candidate, gate end to end, measure, register, and report."""
         opts = self.options
         specs = self._base_specs()
+        bases = {n: s.sha256 for n, s in specs.items()}
+        present = {n for n, s in self.registry.manifest.models.items()
+                   if s.base in bases and s.extra.get("base_sha256") == bases[s.base]
+                   and (self.models_dir / s.file).is_file()}
+        skipped = sorted(judged(self.models_dir, bases, opts.precisions(), opts.request(),
+                                present) if opts.missing else ())
+        if skipped:
+            log.info("a verdict stands for %s: not judged again", ", ".join(skipped))
+            specs = {n: s for n, s in specs.items() if n not in skipped}
+            if not specs:
+                return QuantizeOutcome({"skipped": skipped}, skipped=skipped)
         cal, ev = self.build_data()
         host = host_info()
         report = self._report_head(cal, ev, host)
@@ -470,9 +505,12 @@ class Quantizer:
                 for chosen in verdicts.kept.values() for c in chosen.values()])
         report["registered"] = registered
         report["refused"] = [r.summary() for r in verdicts.refused]
+        record(self.models_dir, {n: {p: _outcome(n, p, registered, verdicts)
+                                     for p in opts.precisions()} for n in specs},
+               bases, opts.request())
         report_dir = opts.report_dir or (self.settings.home / "reports")
         written = write_report(report, report_dir, opts.benchmarks, machine=report["machine"])
-        return QuantizeOutcome(report, registered, verdicts.refused, written)
+        return QuantizeOutcome(report, registered, verdicts.refused, written, skipped)
 
     def _base_specs(self) -> dict[str, ModelSpec]:
         """The FP32 base spec of every model asked for (a variant name is refused)."""

@@ -1,0 +1,66 @@
+"""What ``facefuse models quantize`` last decided per model, kept beside the manifest.
+
+``quantize --missing`` (what ``make models`` runs) judges only the models whose
+current FP32 file has no verdict for the same request (precision, format,
+calibration, quantizer version): a second run is free, a refusal or a variant
+that is not faster on this host is not tried again at every start, and a
+rebuilt FP32 model (a new sha256) is judged anew.
+
+The file is ``<models_dir>/quantize-verdicts.json``::
+
+    {"dlib_resnet": {"int8": {"base_sha256": "...", "request": "qop-u8s8/percentile/...",
+                              "outcome": "registered" | "not faster" | "refused"}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Container, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from facefuse.runtime.files import atomic_write_text
+
+VERDICTS_NAME = "quantize-verdicts.json"
+
+Outcome = Literal["registered", "not faster", "refused"]
+
+
+def load_verdicts(models_dir: Path) -> dict[str, dict[str, dict[str, str]]]:
+    """Every recorded verdict (empty when there is no file or it does not parse: the
+    models are then judged again, which is always safe)."""
+    try:
+        body: Any = json.loads((models_dir / VERDICTS_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def judged(models_dir: Path, bases: Mapping[str, str], precisions: Iterable[str],
+           request: str, present: Container[str]) -> set[str]:
+    """The models of ``bases`` (name → its FP32 file's sha256) that already have a
+    verdict for every one of ``precisions`` under ``request``, made from that file;
+    a ``registered`` verdict stands only while its variant (``<name>.<precision>``)
+    is in ``present``, the manifest's variants made from that file."""
+    done = load_verdicts(models_dir)
+    wanted = tuple(precisions)
+
+    def stands(name: str, sha: str, precision: str) -> bool:
+        v = done.get(name, {}).get(precision, {})
+        return (v.get("base_sha256") == sha and v.get("request") == request
+                and (v.get("outcome") != "registered" or f"{name}.{precision}" in present))
+
+    return {name for name, sha in bases.items() if all(stands(name, sha, p) for p in wanted)}
+
+
+def record(models_dir: Path, verdicts: Mapping[str, Mapping[str, Outcome]],
+           bases: Mapping[str, str], request: str) -> None:
+    """Add ``verdicts`` (model → precision → outcome) for the FP32 files of ``bases``,
+    keeping what the file holds for other models and precisions."""
+    body = load_verdicts(models_dir)
+    for name, per in verdicts.items():
+        slot = body.setdefault(name, {})
+        for precision, outcome in per.items():
+            slot[precision] = {"base_sha256": bases[name], "request": request,
+                               "outcome": outcome}
+    atomic_write_text(models_dir / VERDICTS_NAME, json.dumps(body, indent=2) + "\n")
