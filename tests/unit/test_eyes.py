@@ -37,7 +37,7 @@ def _eye_openness(lm: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def squinting_source(analyser: FaceAnalyser, samples: dict[str, Sample]) -> Sample:
     """obama with both upper lids lowered over the eyes, analysed again."""
-    image = squinting(samples["obama"].image, samples["obama"].landmarks, 0.8)
+    image = squinting(samples["obama"].image, samples["obama"].landmarks, 0.9)
     return Sample(image, analyser.analyse(image, embed=False))
 
 
