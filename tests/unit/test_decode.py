@@ -504,6 +504,17 @@ def test_array_inputs(photo: np.ndarray) -> None:
         decode_image(photo, DecodeLimits(max_pixels=100))
 
 
+def test_shared_array_inputs_are_checked_not_copied(photo: np.ndarray) -> None:
+    assert decode_image(photo, share=True) is photo
+    flipped = photo[:, ::-1]  # not C-contiguous: a copy
+    out = decode_image(flipped, share=True)
+    assert out.flags.c_contiguous and not np.shares_memory(out, photo)
+    np.testing.assert_array_equal(out, flipped)
+    assert not np.shares_memory(decode_image(photo[..., 1], share=True), photo)
+    with pytest.raises(ImageTooLargeError):
+        decode_image(photo, DecodeLimits(max_pixels=100), share=True)
+
+
 def test_other_types_are_argument_errors() -> None:
     with pytest.raises(InvalidArgumentError):
         decode_image(12345)  # type: ignore[arg-type]  # wrong type on purpose

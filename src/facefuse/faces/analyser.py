@@ -91,7 +91,7 @@ class FaceAnalyser:
         """
         timer = timer or StageTimer()
         t = time.perf_counter()
-        rgb = self.decode(image)
+        rgb = decode_image(image, self.limits, share=True)  # read only here
         t = timer.add("decode", t)
         detections = self.detect(rgb, purpose)
         t = timer.add("detect", t)

@@ -489,7 +489,7 @@ def _writable(arr: U8) -> U8:
     return out if out.flags.writeable else out.copy()
 
 
-def _decode_array(arr: np.ndarray, limits: DecodeLimits) -> U8:
+def _decode_array(arr: np.ndarray, limits: DecodeLimits, share: bool = False) -> U8:
     if arr.dtype != np.uint8:
         raise InvalidImageError(f"an image array must be uint8, not {arr.dtype}")
     if arr.ndim == 3 and arr.shape[2] == 1:
@@ -504,7 +504,7 @@ def _decode_array(arr: np.ndarray, limits: DecodeLimits) -> U8:
     _check_size(arr.shape[1], arr.shape[0], limits)
     if arr.shape[2] == 4:
         return _composite_white(arr[..., :3], arr[..., 3])
-    return np.array(arr, dtype=np.uint8, order="C", copy=True)
+    return np.array(arr, dtype=np.uint8, order="C", copy=None if share else True)
 
 
 def _read_file(path: str | os.PathLike[str], limits: DecodeLimits) -> bytes:
@@ -529,6 +529,8 @@ def _read_file(path: str | os.PathLike[str], limits: DecodeLimits) -> bytes:
 def decode_image(
     data: ImageInput,
     limits: DecodeLimits | None = None,
+    *,
+    share: bool = False,
 ) -> U8:
     """Decode an image into an upright RGB array.
 
@@ -537,10 +539,13 @@ def decode_image(
             ``os.PathLike``) to such a file; or an array — uint8 (H, W),
             (H, W, 1), (H, W, 3) RGB or (H, W, 4) RGBA (alpha over white).
         limits: size limits; default :class:`DecodeLimits()`.
+        share: for callers that only read the result: an input array that
+            already is C-contiguous (H, W, 3) uint8 is returned as it is (checked,
+            not copied: ~0.3 ms a megapixel).
 
     Returns:
         (H, W, 3) uint8 RGB, C-contiguous, EXIF orientation applied, never a
-        view of an input array.
+        view of an input array (unless ``share``).
 
     Raises:
         EmptyImageError: zero bytes.
@@ -553,7 +558,7 @@ def decode_image(
     """
     limits = DecodeLimits() if limits is None else limits
     if isinstance(data, np.ndarray):
-        return _decode_array(data, limits)
+        return _decode_array(data, limits, share)
     if isinstance(data, str | os.PathLike):
         return _decode_bytes(_read_file(data, limits), limits)
     if isinstance(data, bytes | bytearray | memoryview):
