@@ -466,7 +466,9 @@ def test_latent_uses_the_projection_from_the_last_initializer(
         assert greys[who] == pytest.approx(want, abs=0.05)
         # Without the projection the model would see another grey.
         assert abs(want - (0.5 + K * normalize(emb)[:64].mean()) * 255.0) > 0.5
-    assert abs(greys["obama"] - greys["biden"]) > 1.0  # the source identity drives the output
+    # The source identity drives the output: the two greys differ by ~0.9 (each is
+    # rendered to within 0.05 of its expected value); one ignoring the latent: 0.
+    assert abs(greys["obama"] - greys["biden"]) > 0.5
 
 
 def test_latent_from_a_projection_file_and_unprojected(
