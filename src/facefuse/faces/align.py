@@ -262,9 +262,10 @@ def pyramid_down(img: np.ndarray) -> np.ndarray:
     return out.reshape((rows, cols, *img.shape[2:]))
 
 
-#: Chip rows sampled per block in :func:`_sample_bilinear`: a block's float64
-#: temporaries (~150 KB each for 64 rows of a 150 px RGB chip) stay in cache.
-_SAMPLE_ROWS = 64
+#: Chip rows sampled per block in :func:`_sample_bilinear`: the float64 temporaries of
+#: a block (~50 KB each for 32 rows of a 150 px RGB chip) stay in cache and below
+#: malloc's mmap threshold; whole-chip temporaries (~540 KB) page-fault on every call.
+_SAMPLE_ROWS = 32
 
 
 def _sample_bilinear(src: np.ndarray, A: np.ndarray, size: int) -> np.ndarray:
@@ -272,13 +273,11 @@ def _sample_bilinear(src: np.ndarray, A: np.ndarray, size: int) -> np.ndarray:
     black where the 2×2 neighbourhood leaves ``src`` (dlib's ``interpolate_bilinear``).
 
     float64 with dlib's operation order (so truncation matches it bit for bit),
-    computed :data:`_SAMPLE_ROWS` chip rows at a time on channel planes (C, pixels):
-    each arithmetic step then runs over a block's pixels in one loop, not over
-    three channels per pixel.
+    computed :data:`_SAMPLE_ROWS` chip rows at a time.
     """
     h, w = src.shape[:2]
-    planes = src.reshape(h * w, -1).T.astype(np.float64)  # (C, H*W)
-    out = np.empty((size * size, planes.shape[0]), np.uint8)
+    img = src.reshape(h * w, -1).astype(np.float64)
+    out = np.empty((size * size, img.shape[1]), np.uint8)
     xs = np.arange(size, dtype=np.float64)[None, :]
     for r0 in range(0, size, _SAMPLE_ROWS):
         ys = np.arange(r0, min(r0 + _SAMPLE_ROWS, size), dtype=np.float64)[:, None]
@@ -289,22 +288,22 @@ def _sample_bilinear(src: np.ndarray, A: np.ndarray, size: int) -> np.ndarray:
         inside = ((left >= 0) & (top >= 0) & (left + 1 < w) & (top + 1 < h)).ravel()
         idx = (np.clip(top, 0, max(h - 2, 0)) * w + np.clip(left, 0, max(w - 2, 0)))
         idx = idx.astype(np.intp).ravel()
-        fx = (px - left).ravel()
-        fy = (py - top).ravel()
+        fx = (px - left).reshape(-1, 1)
+        fy = (py - top).reshape(-1, 1)
         gx = 1 - fx
-        top_row = np.take(planes, idx, axis=1)
+        top_row = np.take(img, idx, axis=0)
         top_row *= gx
-        top_row += fx * np.take(planes, idx + 1, axis=1)
-        bottom_row = np.take(planes, idx + w, axis=1)
+        top_row += fx * np.take(img, idx + 1, axis=0)
+        bottom_row = np.take(img, idx + w, axis=0)
         bottom_row *= gx
-        bottom_row += fx * np.take(planes, idx + w + 1, axis=1)
+        bottom_row += fx * np.take(img, idx + w + 1, axis=0)
         top_row *= 1 - fy
         bottom_row *= fy
         top_row += bottom_row
         np.clip(top_row, 0.0, 255.0, out=top_row)
         block = top_row.astype(np.uint8)  # non-negative: the cast truncates like floor
-        block[:, ~inside] = 0
-        out[r0 * size : r0 * size + block.shape[1]] = block.T
+        block[~inside] = 0
+        out[r0 * size : r0 * size + len(block)] = block
     chip: np.ndarray = out.reshape((size, size, *src.shape[2:]))
     return chip
 
