@@ -156,10 +156,14 @@ def main() -> None:
     def med(key: str, col: str) -> float:
         return statistics.median(v[col] for v in result[key].values())
 
+    active = ", ".join(f"{n} {analysers[1].registry.get(n).spec.precision}"
+                       for n in ("blazeface_full", "facemesh", "iris", "dlib_resnet"))
     lines = [
         "## Face analysis (`bench/analyse.py`)",
         "",
         machine_line(m),
+        f"Models as `FACEFUSE_PRECISION=auto` loads them from this home: {active} "
+        "(`make models` adds the gated INT8 recogniser the image ships).",
         f"Command: `.venv/bin/python bench/analyse.py --repeat {args.repeat}`. "
         "Median ms per sample photo (5 photos, 512–2333 px), same run; the whole "
         "analyses interleaved photo by photo "
