@@ -382,7 +382,7 @@ def test_letterbox_maps_back_exactly() -> None:
 def test_a_turned_shrink_is_the_shrink_of_the_turned_image(turns: int) -> None:
     # Sides that are no multiple of the factor: the dropped remainder must be the
     # turned image's right/bottom, whichever sides of the image those are (factors
-    # 11, 11, 2 — OpenCV's own 2×2 path — and 1).
+    # 8, 8, 2 and 1).
     rng = np.random.default_rng(turns)
     for h, w, size in ((1001, 1503, 128), (767, 333, 64), (641, 389, 256), (90, 70, 128)):
         image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from facefuse.config import Settings
+from facefuse.errors import BuildError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.runtime.manifest import MANIFEST_NAME, Manifest, ModelSpec
@@ -214,6 +215,35 @@ def test_missing_judges_each_fp32_file_once_and_a_refusal_is_a_warning(
     manifest.save(qsettings.model_dir)
     assert Quantizer(qsettings, options).run().registered == ["dlib_resnet.int8"]
     assert len(runs) == 3
+    # A variant in the manifest (a full search's, say) stands without a verdict.
+    path.unlink()
+    assert Quantizer(qsettings, options).run().skipped == ["dlib_resnet"]
+    # Verdicts of another shape read as none: no crash, the model is judged again.
+    path.write_text('{"dlib_resnet": {"int8": null, "fp16": []}, "iris": "x"}')
+    manifest = Manifest.load(qsettings.model_dir)
+    del manifest.models["dlib_resnet.int8"]
+    manifest.save(qsettings.model_dir)
+
+    def broken_quantizer(*args: object, **kwargs: object) -> None:
+        raise MemoryError("no room")
+
+    # An error before any gate (every candidate fails to build): no verdict is kept, so
+    # the next run tries again; under --missing the CLI warns and FP32 stays.
+    monkeypatch.setattr("facefuse.toolchain.quantize.pipeline.quantize_int8",
+                        broken_quantizer)
+    outcome = Quantizer(qsettings, options).run()
+    assert outcome.registered == [] and outcome.refused and len(runs) == 4
+    assert "dlib_resnet" not in load_verdicts(qsettings.model_dir)
+    assert main(argv) == 0 and len(runs) == 5
+    assert "warning: " in capsys.readouterr().err
+
+    def no_samples(self: Quantizer) -> tuple[StageData, StageData]:
+        raise BuildError("the sample photos could not be fetched")
+
+    monkeypatch.setattr(Quantizer, "build_data", no_samples)
+    assert main(argv) == 0
+    assert "no variant made (build_failed" in capsys.readouterr().err
+    assert main([a for a in argv if a != "--missing"]) == BuildError.exit_code
 
 
 def test_fp16_recognizer_runs_on_this_host_and_is_judged(

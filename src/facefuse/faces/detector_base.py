@@ -163,8 +163,10 @@ def _starts(extent: int, tile: int, stride: int) -> list[int]:
 @dataclass(frozen=True)
 class Shrunk:
     """An image (turned, when :func:`shrink_for` was asked to turn it) shrunk once for a
-    set of its passes: ``small``, its ``k``-fold area average (the turned image itself
-    for ``k`` = 1), and the turned image's (width, height)."""
+    set of its passes: ``small``, shrunk ``k``-fold by :func:`shrink_for`'s 2×2 area
+    averages (each rounded half up: on average 0.125 grey per halving above the exact
+    k×k mean; the turned image itself for ``k`` = 1), and the turned image's (width,
+    height)."""
 
     small: np.ndarray
     k: int
@@ -180,8 +182,8 @@ def shrink_for(image: np.ndarray, size: int,
     ``crops`` can afford, one 2×2 area average at a time (OpenCV's vectorised
     halving: a 1-2 MP photo halved three times costs a third of one 5- to 8-fold
     area average, which OpenCV runs unvectorised); the < k pixels at the turned
-    image's right/bottom that do not fill a k×k block are dropped. Each pass's
-    letterbox then shrinks by less than 2 more.
+    image's right/bottom that do not fill a k×k block are dropped. The letterbox of
+    the smallest crop (the one that sets k) then shrinks by less than 2 more.
 
     Only the shrunk copy is turned: the blocks are averaged on the image as it is,
     on the grid the turned image's top-left corner anchors, so the result is that

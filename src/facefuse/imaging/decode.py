@@ -504,7 +504,9 @@ def _decode_array(arr: np.ndarray, limits: DecodeLimits, share: bool = False) ->
     _check_size(arr.shape[1], arr.shape[0], limits)
     if arr.shape[2] == 4:
         return _composite_white(arr[..., :3], arr[..., 3])
-    return np.array(arr, dtype=np.uint8, order="C", copy=None if share else True)
+    if share:
+        return np.ascontiguousarray(arr)
+    return np.array(arr, dtype=np.uint8, order="C", copy=True)
 
 
 def _read_file(path: str | os.PathLike[str], limits: DecodeLimits) -> bytes:

@@ -236,13 +236,21 @@ class _Verdicts:
 
 
 def _outcome(name: str, precision: str, registered: Sequence[str],
-             verdicts: _Verdicts) -> Outcome:
-    """What the run decided for ``name``'s ``precision`` variant."""
+             verdicts: _Verdicts) -> Outcome | None:
+    """What the run decided for ``name``'s ``precision`` variant; None when nothing
+    reached a gate (an error on the way: no verdict, the next run tries again)."""
     if f"{name}.{precision}" in registered:
         return "registered"
     if precision == "int8" and name in verdicts.unkept:
         return "not faster"
-    return "refused"
+    e2e = f"end-to-end ({precision}: "
+    for r in verdicts.refused:
+        if not r.figures:  # failed before any figure: an error, not a verdict
+            continue
+        if r.subject == f"{name}.{precision}" or (
+                r.subject.startswith(e2e) and name in r.subject[len(e2e):-1].split(", ")):
+            return "refused"
+    return None
 
 
 class Quantizer:
@@ -505,9 +513,10 @@ class Quantizer:
                 for chosen in verdicts.kept.values() for c in chosen.values()])
         report["registered"] = registered
         report["refused"] = [r.summary() for r in verdicts.refused]
-        record(self.models_dir, {n: {p: _outcome(n, p, registered, verdicts)
-                                     for p in opts.precisions()} for n in specs},
-               bases, opts.request())
+        outcomes = {n: {p: _outcome(n, p, registered, verdicts) for p in opts.precisions()}
+                    for n in specs}
+        record(self.models_dir, {n: {p: o for p, o in per.items() if o is not None}
+                                 for n, per in outcomes.items()}, bases, opts.request())
         report_dir = opts.report_dir or (self.settings.home / "reports")
         written = write_report(report, report_dir, opts.benchmarks, machine=report["machine"])
         return QuantizeOutcome(report, registered, verdicts.refused, written, skipped)
