@@ -236,20 +236,17 @@ class _Verdicts:
 
 
 def _outcome(name: str, precision: str, registered: Sequence[str],
-             verdicts: _Verdicts) -> Outcome | None:
-    """What the run decided for ``name``'s ``precision`` variant; None when nothing
-    reached a gate (an error on the way: no verdict, the next run tries again)."""
+             entry: Mapping[str, Any]) -> Outcome | None:
+    """What the run decided for ``name``'s ``precision`` variant, from its report
+    ``entry`` (``report["models"][name]``); None when nothing reached a gate (an
+    error on the way: no verdict, the next run tries again)."""
     if f"{name}.{precision}" in registered:
         return "registered"
-    if precision == "int8" and name in verdicts.unkept:
+    judged = entry.get(precision) or {}
+    if judged.get("kept") is False:
         return "not faster"
-    e2e = f"end-to-end ({precision}: "
-    for r in verdicts.refused:
-        if not r.figures:  # failed before any figure: an error, not a verdict
-            continue
-        if r.subject == f"{name}.{precision}" or (
-                r.subject.startswith(e2e) and name in r.subject[len(e2e):-1].split(", ")):
-            return "refused"
+    if judged.get("passed") is False and judged.get("figures"):
+        return "refused"  # by its own gate or end to end
     return None
 
 
@@ -513,8 +510,8 @@ class Quantizer:
                 for chosen in verdicts.kept.values() for c in chosen.values()])
         report["registered"] = registered
         report["refused"] = [r.summary() for r in verdicts.refused]
-        outcomes = {n: {p: _outcome(n, p, registered, verdicts) for p in opts.precisions()}
-                    for n in specs}
+        outcomes = {n: {p: _outcome(n, p, registered, report["models"][n])
+                         for p in opts.precisions()} for n in specs}
         record(self.models_dir, {n: {p: o for p, o in per.items() if o is not None}
                                  for n, per in outcomes.items()}, bases, opts.request())
         report_dir = opts.report_dir or (self.settings.home / "reports")
