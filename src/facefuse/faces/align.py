@@ -262,49 +262,50 @@ def pyramid_down(img: np.ndarray) -> np.ndarray:
     return out.reshape((rows, cols, *img.shape[2:]))
 
 
-#: Chip rows sampled per block in :func:`_sample_bilinear`: the float64 temporaries of
-#: a block (~50 KB each for 32 rows of a 150 px RGB chip) stay in cache and below
-#: malloc's mmap threshold; whole-chip temporaries (~540 KB) page-fault on every call.
-_SAMPLE_ROWS = 32
-
-
 def _sample_bilinear(src: np.ndarray, A: np.ndarray, size: int) -> np.ndarray:
     """Chip pixel (x, y) ← bilinear ``src`` at ``A @ [x, y, 1]``; truncated to uint8,
     black where the 2×2 neighbourhood leaves ``src`` (dlib's ``interpolate_bilinear``).
 
-    float64 with dlib's operation order (so truncation matches it bit for bit),
-    computed :data:`_SAMPLE_ROWS` chip rows at a time.
+    float64 with dlib's operation order (so truncation matches it bit for bit), one
+    channel plane at a time: the four neighbours are gathered as uint8 from the
+    contiguous plane and every arithmetic step runs over the chip's pixels in one
+    flat loop (a pixel's three channels as the inner axis would make each step a
+    broadcast over runs of 3). ~0.45 ms a 150 px RGB chip against ~1 ms.
     """
     h, w = src.shape[:2]
-    img = src.reshape(h * w, -1).astype(np.float64)
-    out = np.empty((size * size, img.shape[1]), np.uint8)
-    xs = np.arange(size, dtype=np.float64)[None, :]
-    for r0 in range(0, size, _SAMPLE_ROWS):
-        ys = np.arange(r0, min(r0 + _SAMPLE_ROWS, size), dtype=np.float64)[:, None]
-        px = A[0, 0] * xs + A[0, 1] * ys + A[0, 2]
-        py = A[1, 0] * xs + A[1, 1] * ys + A[1, 2]
-        left = np.floor(px)
-        top = np.floor(py)
-        inside = ((left >= 0) & (top >= 0) & (left + 1 < w) & (top + 1 < h)).ravel()
-        idx = (np.clip(top, 0, max(h - 2, 0)) * w + np.clip(left, 0, max(w - 2, 0)))
-        idx = idx.astype(np.intp).ravel()
-        fx = (px - left).reshape(-1, 1)
-        fy = (py - top).reshape(-1, 1)
-        gx = 1 - fx
-        top_row = np.take(img, idx, axis=0)
+    ys, xs = np.mgrid[0:size, 0:size]
+    px = A[0, 0] * xs.ravel() + A[0, 1] * ys.ravel() + A[0, 2]  # float64 (size²,)
+    py = A[1, 0] * xs.ravel() + A[1, 1] * ys.ravel() + A[1, 2]
+    left = np.floor(px)
+    top = np.floor(py)
+    outside = ~((left >= 0) & (top >= 0) & (left + 1 < w) & (top + 1 < h))
+    idx = (np.clip(top, 0, max(h - 2, 0)) * w + np.clip(left, 0, max(w - 2, 0)))
+    idx = idx.astype(np.intp)
+    fx = px - left
+    fy = py - top
+    gx = 1 - fx
+    gy = 1 - fy
+    product = np.empty(idx.shape, np.float64)
+    planes = [src] if src.ndim == 2 else cv2.split(src)
+    out = []
+    for plane in planes:
+        flat = np.ascontiguousarray(plane).ravel()
+        top_row = flat.take(idx).astype(np.float64)
         top_row *= gx
-        top_row += fx * np.take(img, idx + 1, axis=0)
-        bottom_row = np.take(img, idx + w, axis=0)
+        np.multiply(fx, flat.take(idx + 1), out=product)
+        top_row += product
+        bottom_row = flat.take(idx + w).astype(np.float64)
         bottom_row *= gx
-        bottom_row += fx * np.take(img, idx + w + 1, axis=0)
-        top_row *= 1 - fy
+        np.multiply(fx, flat.take(idx + w + 1), out=product)
+        bottom_row += product
+        top_row *= gy
         bottom_row *= fy
         top_row += bottom_row
         np.clip(top_row, 0.0, 255.0, out=top_row)
-        block = top_row.astype(np.uint8)  # non-negative: the cast truncates like floor
-        block[~inside] = 0
-        out[r0 * size : r0 * size + len(block)] = block
-    chip: np.ndarray = out.reshape((size, size, *src.shape[2:]))
+        chan = top_row.astype(np.uint8)  # non-negative: the cast truncates like floor
+        chan[outside] = 0
+        out.append(chan.reshape(size, size))
+    chip: np.ndarray = out[0] if src.ndim == 2 else np.stack(out, axis=2)
     return chip
 
 
