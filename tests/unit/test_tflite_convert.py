@@ -15,7 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 from facefuse.config import Settings
 from facefuse.errors import BuildError
 from facefuse.runtime.files import sha256_file
-from facefuse.toolchain.build.tflite import convert_tflite, postprocess_graph
+from facefuse.toolchain.build.tflite import (
+    _channel_pads_as_concats,
+    convert_tflite,
+    postprocess_graph,
+)
 
 CASES = {
     "blazeface_full": ("input", [("regressors", 2304 * 16), ("scores", 2304)], 192),
@@ -52,7 +56,9 @@ def test_converted_graph_has_stable_names_and_free_batch(
     for o in model.graph.output:
         assert o.type.tensor_type.shape.dim[0].dim_param == "N"
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    assert "PRelu" not in {node.op_type for node in model.graph.node}
+    ops = {node.op_type for node in model.graph.node}
+    assert "PRelu" not in ops
+    assert "Pad" not in ops  # every channel pad became a split conv and a concat
     for node in model.graph.node:
         if node.op_type == "Reshape":
             assert inits[node.input[1]][0] != 1  # batch copied (0), not pinned
@@ -112,6 +118,56 @@ def test_split_prelu_equals_prelu(slopes: tuple[float, ...], ops: list[str]) -> 
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
     assert np.array_equal(got[x >= 0], x[x >= 0])  # the positive side is x itself
     np.testing.assert_allclose(got, np.where(x > 0, x, x * slope), rtol=1e-6, atol=1e-30)
+
+
+def _widening_block(pads: list[int], *, conv_first: bool, conv_reused: bool) -> onnx.ModelProto:
+    """``y = Add(Pad(x, pads), Conv(h))`` (x: 4 channels, h: 3, y: the padded x's), and
+    with ``conv_reused`` the conv's output as a second graph output."""
+    rng = np.random.default_rng(8)
+    out_c = 4 + pads[1] + pads[5]
+    weight = rng.normal(0, 1, (out_c, 3, 3, 3)).astype(np.float32)
+    bias = rng.normal(0, 1, out_c).astype(np.float32)
+    add_in = ["c", "p"] if conv_first else ["p", "c"]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if conv_reused:
+        outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
+         helper.make_node("Conv", ["h", "w", "b"], ["c"], kernel_shape=[3, 3],
+                          pads=[1, 1, 1, 1]),
+         helper.make_node("Add", add_in, ["y"])], "widen",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 3, 6, 6])],
+        outputs,
+        [numpy_helper.from_array(np.asarray(pads, np.int64), "pads"),
+         numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
+@pytest.mark.parametrize(("pads", "conv_first", "conv_reused", "ops"), [
+    ([0, 0, 0, 0, 0, 4, 0, 0], False, False, ["Conv", "Conv", "Add", "Concat"]),
+    ([0, 0, 0, 0, 0, 4, 0, 0], True, False, ["Conv", "Conv", "Add", "Concat"]),
+    # Not a channel pad, or a conv read elsewhere too: left as they were.
+    ([0, 0, 0, 0, 0, 0, 0, 0], False, False, ["Pad", "Conv", "Add"]),
+    ([0, 4, 0, 0, 0, 0, 0, 0], False, False, ["Pad", "Conv", "Add"]),
+    ([0, 0, 0, 0, 0, 4, 0, 0], False, True, ["Pad", "Conv", "Add"]),
+])
+def test_channel_pad_becomes_a_split_conv_and_a_concat(
+    pads: list[int], conv_first: bool, conv_reused: bool, ops: list[str]
+) -> None:
+    model = _widening_block(pads, conv_first=conv_first, conv_reused=conv_reused)
+    rng = np.random.default_rng(9)
+    feeds = {"x": rng.normal(0, 2, (1, 4, 6, 6)).astype(np.float32),
+             "h": rng.normal(0, 2, (1, 3, 6, 6)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    _channel_pads_as_concats(model.graph)
+    assert [n.op_type for n in model.graph.node] == ops
+    got = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
 def test_per_pixel_prelu_keeps_the_exact_form() -> None:
