@@ -120,9 +120,11 @@ def test_split_prelu_equals_prelu(slopes: tuple[float, ...], ops: list[str]) -> 
     np.testing.assert_allclose(got, np.where(x > 0, x, x * slope), rtol=1e-6, atol=1e-30)
 
 
-def _widening_block(pads: list[int], *, conv_first: bool, conv_reused: bool) -> onnx.ModelProto:
-    """``y = Add(Pad(x, pads), Conv(h))`` (x: 4 channels, h: 3, y: the padded x's), and
-    with ``conv_reused`` the conv's output as a second graph output."""
+def _widening_block(pads: list[int], *, conv_first: bool, conv_reused: bool,
+                    relu: bool = False) -> onnx.ModelProto:
+    """``y = Add(Pad(x, pads), Conv(h))`` (x: 4 channels, h: 3, y: the padded x's), with
+    ``relu`` through a Relu, and with ``conv_reused`` the conv's output as a second
+    graph output."""
     rng = np.random.default_rng(8)
     out_c = 4 + pads[1] + pads[5]
     weight = rng.normal(0, 1, (out_c, 3, 3, 3)).astype(np.float32)
@@ -135,7 +137,8 @@ def _widening_block(pads: list[int], *, conv_first: bool, conv_reused: bool) -> 
         [helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
          helper.make_node("Conv", ["h", "w", "b"], ["c"], kernel_shape=[3, 3],
                           pads=[1, 1, 1, 1]),
-         helper.make_node("Add", add_in, ["y"])], "widen",
+         helper.make_node("Add", add_in, ["s" if relu else "y"]),
+         *([helper.make_node("Relu", ["s"], ["y"])] if relu else [])], "widen",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6]),
          helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 3, 6, 6])],
         outputs,
@@ -145,18 +148,21 @@ def _widening_block(pads: list[int], *, conv_first: bool, conv_reused: bool) -> 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
 
 
-@pytest.mark.parametrize(("pads", "conv_first", "conv_reused", "ops"), [
-    ([0, 0, 0, 0, 0, 4, 0, 0], False, False, ["Conv", "Conv", "Add", "Concat"]),
-    ([0, 0, 0, 0, 0, 4, 0, 0], True, False, ["Conv", "Conv", "Add", "Concat"]),
+@pytest.mark.parametrize(("pads", "conv_first", "conv_reused", "relu", "ops"), [
+    ([0, 0, 0, 0, 0, 4, 0, 0], False, False, False, ["Conv", "Conv", "Add", "Concat"]),
+    ([0, 0, 0, 0, 0, 4, 0, 0], True, False, False, ["Conv", "Conv", "Add", "Concat"]),
+    # The Relu after the sum goes into both halves.
+    ([0, 0, 0, 0, 0, 4, 0, 0], False, False, True,
+     ["Conv", "Conv", "Add", "Relu", "Relu", "Concat"]),
     # Not a channel pad, or a conv read elsewhere too: left as they were.
-    ([0, 0, 0, 0, 0, 0, 0, 0], False, False, ["Pad", "Conv", "Add"]),
-    ([0, 4, 0, 0, 0, 0, 0, 0], False, False, ["Pad", "Conv", "Add"]),
-    ([0, 0, 0, 0, 0, 4, 0, 0], False, True, ["Pad", "Conv", "Add"]),
+    ([0, 0, 0, 0, 0, 0, 0, 0], False, False, False, ["Pad", "Conv", "Add"]),
+    ([0, 4, 0, 0, 0, 0, 0, 0], False, False, False, ["Pad", "Conv", "Add"]),
+    ([0, 0, 0, 0, 0, 4, 0, 0], False, True, True, ["Pad", "Conv", "Add", "Relu"]),
 ])
 def test_channel_pad_becomes_a_split_conv_and_a_concat(
-    pads: list[int], conv_first: bool, conv_reused: bool, ops: list[str]
+    pads: list[int], conv_first: bool, conv_reused: bool, relu: bool, ops: list[str]
 ) -> None:
-    model = _widening_block(pads, conv_first=conv_first, conv_reused=conv_reused)
+    model = _widening_block(pads, conv_first=conv_first, conv_reused=conv_reused, relu=relu)
     rng = np.random.default_rng(9)
     feeds = {"x": rng.normal(0, 2, (1, 4, 6, 6)).astype(np.float32),
              "h": rng.normal(0, 2, (1, 3, 6, 6)).astype(np.float32)}
