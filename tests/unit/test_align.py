@@ -193,6 +193,11 @@ def test_warp_chip_gray_and_outside() -> None:
     assert not far.any()
     with pytest.raises(InvalidArgumentError):
         warp_chip(img.astype(np.float32), np.eye(2, 3), 16)
+    # A region a pixel high or wide has no 2×2 neighbourhood: black, as dlib's.
+    for shape in ((1, 100, 3), (100, 1, 3), (1, 1), (1, 40)):
+        thin = warp_chip(np.full(shape, 200, np.uint8), np.eye(2, 3), 10)
+        assert thin.shape == (10, 10, *shape[2:])
+        assert not thin.any()
 
 
 # -- against dlib ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -120,55 +121,67 @@ def test_split_prelu_equals_prelu(slopes: tuple[float, ...], ops: list[str]) -> 
     np.testing.assert_allclose(got, np.where(x > 0, x, x * slope), rtol=1e-6, atol=1e-30)
 
 
-def _widening_block(pads: list[int], *, conv_first: bool, conv_reused: bool,
-                    relu: bool = False) -> onnx.ModelProto:
-    """``y = Add(Pad(x, pads), Conv(h))`` (x: 4 channels, h: 3, y: the padded x's), with
-    ``relu`` through a Relu, and with ``conv_reused`` the conv's output as a second
-    graph output."""
+def _widening_block(pads: list[int], *, conv_first: bool = False, relu: bool = False,
+                    returned: tuple[str, ...] = (), h_side: int = 6,
+                    taken: str = "") -> onnx.ModelProto:
+    """``y = Add(Pad(x, pads), Conv(h))`` (x: 4 channels 6×6, h: 3 channels
+    ``h_side``², a 3×3 conv, or 1×1 when ``h_side`` is 1 so that the Add broadcasts;
+    y: the padded x's channels), through a Relu with ``relu``. ``returned``: more
+    tensors the graph returns (``p`` the pad's, ``c`` the conv's, ``s`` the sum's);
+    ``taken``: a tensor of that name is returned too (an identity of ``x``)."""
     rng = np.random.default_rng(8)
     out_c = 4 + pads[1] + pads[5]
-    weight = rng.normal(0, 1, (out_c, 3, 3, 3)).astype(np.float32)
+    k = 3 if h_side > 1 else 1
+    weight = rng.normal(0, 1, (out_c, 3, k, k)).astype(np.float32)
     bias = rng.normal(0, 1, out_c).astype(np.float32)
     add_in = ["c", "p"] if conv_first else ["p", "c"]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
-    if conv_reused:
-        outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, None))
+    names = ["y", *returned, *([taken] if taken else [])]
     graph = helper.make_graph(
         [helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
-         helper.make_node("Conv", ["h", "w", "b"], ["c"], kernel_shape=[3, 3],
-                          pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["h", "w", "b"], ["c"], kernel_shape=[k, k],
+                          pads=[k // 2] * 4),
          helper.make_node("Add", add_in, ["s" if relu else "y"]),
-         *([helper.make_node("Relu", ["s"], ["y"])] if relu else [])], "widen",
+         *([helper.make_node("Relu", ["s"], ["y"])] if relu else []),
+         *([helper.make_node("Identity", ["x"], [taken])] if taken else [])], "widen",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6]),
-         helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 3, 6, 6])],
-        outputs,
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 3, h_side, h_side])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
         [numpy_helper.from_array(np.asarray(pads, np.int64), "pads"),
          numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
 
 
-@pytest.mark.parametrize(("pads", "conv_first", "conv_reused", "relu", "ops"), [
-    ([0, 0, 0, 0, 0, 4, 0, 0], False, False, False, ["Conv", "Conv", "Add", "Concat"]),
-    ([0, 0, 0, 0, 0, 4, 0, 0], True, False, False, ["Conv", "Conv", "Add", "Concat"]),
-    # The Relu after the sum goes into both halves.
-    ([0, 0, 0, 0, 0, 4, 0, 0], False, False, True,
-     ["Conv", "Conv", "Add", "Relu", "Relu", "Concat"]),
-    # Not a channel pad, or a conv read elsewhere too: left as they were.
-    ([0, 0, 0, 0, 0, 0, 0, 0], False, False, False, ["Pad", "Conv", "Add"]),
-    ([0, 4, 0, 0, 0, 0, 0, 0], False, False, False, ["Pad", "Conv", "Add"]),
-    ([0, 0, 0, 0, 0, 4, 0, 0], False, True, True, ["Pad", "Conv", "Add", "Relu"]),
+WIDEN = [0, 0, 0, 0, 0, 4, 0, 0]
+
+
+@pytest.mark.parametrize(("pads", "options", "ops"), [
+    (WIDEN, {}, ["Conv", "Conv", "Add", "Concat"]),
+    (WIDEN, {"conv_first": True}, ["Conv", "Conv", "Add", "Concat"]),
+    # The Relu after the sum goes into both halves (its output stays the graph's).
+    (WIDEN, {"relu": True}, ["Conv", "Conv", "Add", "Relu", "Relu", "Concat"]),
+    # ...but not when the sum is read elsewhere too.
+    (WIDEN, {"relu": True, "returned": ("s",)}, ["Conv", "Conv", "Add", "Concat", "Relu"]),
+    # Not a channel pad, a pad or conv output read elsewhere too, a broadcasting
+    # Add, a name the rewrite would give already taken: left as they were.
+    ([0, 0, 0, 0, 0, 0, 0, 0], {}, ["Pad", "Conv", "Add"]),
+    ([0, 4, 0, 0, 0, 0, 0, 0], {}, ["Pad", "Conv", "Add"]),
+    (WIDEN, {"relu": True, "returned": ("c",)}, ["Pad", "Conv", "Add", "Relu"]),
+    (WIDEN, {"returned": ("p",)}, ["Pad", "Conv", "Add"]),
+    (WIDEN, {"h_side": 1}, ["Pad", "Conv", "Add"]),
+    (WIDEN, {"taken": "y__lo"}, ["Pad", "Conv", "Add", "Identity"]),
 ])
 def test_channel_pad_becomes_a_split_conv_and_a_concat(
-    pads: list[int], conv_first: bool, conv_reused: bool, relu: bool, ops: list[str]
+    pads: list[int], options: dict[str, Any], ops: list[str]
 ) -> None:
-    model = _widening_block(pads, conv_first=conv_first, conv_reused=conv_reused, relu=relu)
+    model = _widening_block(pads, **options)
     rng = np.random.default_rng(9)
+    side = options.get("h_side", 6)
     feeds = {"x": rng.normal(0, 2, (1, 4, 6, 6)).astype(np.float32),
-             "h": rng.normal(0, 2, (1, 3, 6, 6)).astype(np.float32)}
+             "h": rng.normal(0, 2, (1, 3, side, side)).astype(np.float32)}
     want = ort.InferenceSession(model.SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, feeds)
-    _channel_pads_as_concats(model.graph)
+    _channel_pads_as_concats(model)
     assert [n.op_type for n in model.graph.node] == ops
     got = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, feeds)

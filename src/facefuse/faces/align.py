@@ -270,9 +270,12 @@ def _sample_bilinear(src: np.ndarray, A: np.ndarray, size: int) -> np.ndarray:
     channel plane at a time: the four neighbours are gathered as uint8 from the
     contiguous plane and every arithmetic step runs over the chip's pixels in one
     flat loop (a pixel's three channels as the inner axis would make each step a
-    broadcast over runs of 3). ~0.45 ms a 150 px RGB chip against ~1 ms.
+    broadcast over runs of 3). ``warp_chip`` on the five sample photos (150 px RGB
+    chips, interleaved): 1.35-2.02 ms → 0.79-1.45 ms.
     """
     h, w = src.shape[:2]
+    if h < 2 or w < 2:  # no 2×2 neighbourhood anywhere: all black, as dlib's
+        return np.zeros((size, size, *src.shape[2:]), np.uint8)
     ys, xs = np.mgrid[0:size, 0:size]
     px = A[0, 0] * xs.ravel() + A[0, 1] * ys.ravel() + A[0, 2]  # float64 (size²,)
     py = A[1, 0] * xs.ravel() + A[1, 1] * ys.ravel() + A[1, 2]

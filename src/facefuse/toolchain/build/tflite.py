@@ -145,7 +145,7 @@ def postprocess_graph(
     # Intermediate shapes from the converter all say batch 1; ORT re-infers them.
     del graph.value_info[:]
     _split_prelu(graph)
-    _channel_pads_as_concats(graph)
+    _channel_pads_as_concats(model)
     _flatten_spatial_outputs(graph)
     if len(graph.input) != 1:
         raise BuildError(f"expected one graph input, found {len(graph.input)}")
@@ -283,16 +283,23 @@ def _prelu_as_convs(graph: onnx.GraphProto, x: str, y: str,
     return out
 
 
-def _channel_pads_as_concats(graph: onnx.GraphProto) -> None:
+def _channel_pads_as_concats(model: onnx.ModelProto) -> None:
     """Replace each ``y = Add(Pad(x), Conv(h))`` whose constant ``Pad`` appends ``k``
     zero channels to ``x`` (pads ``[0, 0, 0, 0, 0, k, 0, 0]``) and whose ``Conv`` feeds
-    only that Add (and is no graph output) by
-    ``y = Concat(Conv(h, W[:c]) + x, Conv(h, W[c:]))``, ``c`` the conv's output
-    channels less ``k`` (``x``'s own), in place. The first ``c`` channels of ``y``
-    were ``conv + x``, the last ``k`` the conv alone (``+ 0``). A ``Relu`` that is the
-    sum's only reader goes into both halves before the concat. Other Pads are left
-    alone.
+    only that Add by ``y = Concat(Conv(h, W[:c]) + x, Conv(h, W[c:]))``, ``c`` the
+    conv's output channels less ``k`` (``x``'s own), in ``model``'s graph, in place.
+    The first ``c`` channels of ``y`` were ``conv + x``, the last ``k`` the conv alone
+    (``+ 0``). A ``Relu`` that is the sum's only reader goes into both halves before
+    the concat. Left alone: other Pads, a Pad or Conv output the graph returns or
+    another node reads, an Add that broadcasts (``x`` and the conv's output must have
+    the same inferred height and width), and any rewrite whose new tensor names exist.
     """
+    graph = model.graph
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    spatial = {vi.name: tuple(d.dim_value if d.HasField("dim_value") else -1
+                              for d in vi.type.tensor_type.shape.dim)[2:]
+               for vi in [*inferred.value_info, *inferred.input, *inferred.output]
+               if len(vi.type.tensor_type.shape.dim) == 4}
     inits = {t.name: t for t in graph.initializer}
     nodes_in = list(graph.node)
     producer = {out: i for i, node in enumerate(nodes_in) for out in node.output}
@@ -300,13 +307,16 @@ def _channel_pads_as_concats(graph: onnx.GraphProto) -> None:
     for i, node in enumerate(nodes_in):
         for name in node.input:
             consumers.setdefault(name, []).append(i)
+    taken = {*inits, *producer, *consumers, *(v.name for v in graph.input),
+             *(node.name for node in nodes_in)}
     graph_outputs = {o.name for o in graph.output}
     dropped: set[int] = set()
     replaced: dict[int, list[onnx.NodeProto]] = {}
     for p, pad in enumerate(nodes_in):
         k = _appended_channels(pad, inits)
         users = consumers.get(pad.output[0], [])
-        if k is None or len(users) != 1 or nodes_in[users[0]].op_type != "Add":
+        if (k is None or len(users) != 1 or nodes_in[users[0]].op_type != "Add"
+                or pad.output[0] in graph_outputs):
             continue
         add = nodes_in[users[0]]
         other = [name for name in add.input if name != pad.output[0]]
@@ -322,7 +332,9 @@ def _channel_pads_as_concats(graph: onnx.GraphProto) -> None:
         bias = (numpy_helper.to_array(inits[conv.input[2]]) if len(conv.input) > 2
                 else np.zeros(weight.shape[0], weight.dtype))
         c = weight.shape[0] - k
-        if attrs.get("group", 1) != 1 or c <= 0:
+        same_size = spatial.get(pad.input[0]) == spatial.get(other[0])
+        if (attrs.get("group", 1) != 1 or c <= 0 or not same_size
+                or min(spatial.get(other[0], (-1,))) <= 0):
             continue
         y = add.output[0]
         # A Relu that alone reads the sum moves into both halves (Relu commutes with
@@ -330,6 +342,13 @@ def _channel_pads_as_concats(graph: onnx.GraphProto) -> None:
         relu = consumers.get(y, [])
         relu_at = (relu[0] if len(relu) == 1 and nodes_in[relu[0]].op_type == "Relu"
                    and y not in graph_outputs else -1)
+        # New tensors and nodes are named "<y>__<suffix>" (a node as its output).
+        fresh = {f"{y}__{suffix}" for suffix in ("lo", "hi", "lo_w", "lo_b", "hi_w", "hi_b",
+                                                  "lo_sum", "lo_sum_relu", "hi_relu",
+                                                  "concat")}
+        if fresh & taken:
+            continue
+        taken |= fresh
         nodes: list[onnx.NodeProto] = []
         for part, rows in (("lo", slice(0, c)), ("hi", slice(c, None))):
             graph.initializer.extend([
@@ -337,17 +356,18 @@ def _channel_pads_as_concats(graph: onnx.GraphProto) -> None:
                 numpy_helper.from_array(np.ascontiguousarray(bias[rows]), f"{y}__{part}_b")])
             nodes.append(helper.make_node("Conv", [conv.input[0], f"{y}__{part}_w",
                                                    f"{y}__{part}_b"], [f"{y}__{part}"],
-                                          name=f"{y}__{part}_conv", **attrs))
+                                          name=f"{y}__{part}", **attrs))
         nodes.append(helper.make_node("Add", [f"{y}__lo", pad.input[0]], [f"{y}__lo_sum"],
-                                      name=f"{y}__lo_add"))
+                                      name=f"{y}__lo_sum"))
         halves = [f"{y}__lo_sum", f"{y}__hi"]
+        out = y
         if relu_at >= 0:
             nodes += [helper.make_node("Relu", [h], [f"{h}_relu"], name=f"{h}_relu")
                       for h in halves]
             halves = [f"{h}_relu" for h in halves]
-            y = nodes_in[relu_at].output[0]
+            out = nodes_in[relu_at].output[0]
             dropped.add(relu_at)
-        nodes.append(helper.make_node("Concat", halves, [y], axis=1, name=f"{y}__concat"))
+        nodes.append(helper.make_node("Concat", halves, [out], axis=1, name=f"{y}__concat"))
         dropped |= {p, c_at}
         replaced[users[0]] = nodes
     kept: list[onnx.NodeProto] = []
