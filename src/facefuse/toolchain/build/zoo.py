@@ -62,7 +62,7 @@ def _copy(src: Path, dst: Path) -> None:
 
 #: Bump a converter's version when its output changes, so caches rebuild.
 CONVERTERS: dict[str, tuple[str, Converter]] = {
-    "tflite": ("tflite2onnx-0.4.1+facefuse.8", _convert_tflite),
+    "tflite": ("tflite2onnx-0.4.1+facefuse.9", _convert_tflite),
     "dlib": ("facefuse-dlib-resnet.1", _convert_dlib),
     "yunet": ("facefuse-yunet.1", _convert_yunet),
     "copy": ("copy.1", _copy),
