@@ -292,7 +292,7 @@ def _sample_bilinear(src: np.ndarray, A: np.ndarray, size: int) -> np.ndarray:
     planes = [src] if src.ndim == 2 else cv2.split(src)
     out = []
     for plane in planes:
-        flat = np.ascontiguousarray(plane).ravel()
+        flat = plane.ravel()  # a view of a contiguous plane, else a copy
         top_row = flat.take(idx).astype(np.float64)
         top_row *= gx
         np.multiply(fx, flat.take(idx + 1), out=product)

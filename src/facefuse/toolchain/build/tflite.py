@@ -14,8 +14,8 @@ graph batch-friendly and gives the tensors stable names:
   ``x + a · Relu(b · x)`` with two 1×1 depthwise convolutions (``b = s − 1``,
   ``a = 1`` where ``s ≤ 1``; ``b = 1 − s``, ``a = −1`` where ``s > 1``; the
   ``a`` conv even where every ``a`` is 1, since ONNX Runtime fuses the Add into it
-  as the conv's sum: iris 0.98×, face mesh 0.97× the time of the Add alone, bit for
-  bit). ONNX Runtime's CPU PRelu is a generic
+  as the conv's sum: iris 0.98×, face mesh 0.97× the time with the Add run apart,
+  outputs bit for bit the same). ONNX Runtime's CPU PRelu is a generic
   broadcast loop outside its blocked (NCHWc) conv layout, so each one costs more
   than the conv before it plus two layout reorders (the face mesh and iris models
   are mostly PRelu); ``Relu(x) − s · Relu(−x)`` with ``Neg`` and ``Mul`` (the
@@ -343,10 +343,9 @@ def _channel_pads_as_concats(model: onnx.ModelProto) -> None:
         bias = (numpy_helper.to_array(inits[conv.input[2]]) if len(conv.input) > 2
                 else np.zeros(weight.shape[0], weight.dtype))
         c = weight.shape[0] - k
-        same_size = spatial.get(pad.input[0]) == spatial.get(other[0])
-        if (attrs.get("group", 1) != 1 or c <= 0 or not same_size
-                or c % CHANNEL_BLOCK or k % CHANNEL_BLOCK
-                or min(spatial.get(other[0], (-1,))) <= 0):
+        size = spatial.get(other[0])  # the conv output's (height, width), when known
+        if (attrs.get("group", 1) != 1 or c <= 0 or c % CHANNEL_BLOCK or k % CHANNEL_BLOCK
+                or size is None or min(size) <= 0 or spatial.get(pad.input[0]) != size):
             continue
         y = add.output[0]
         # A Relu that alone reads the sum moves into both halves (Relu commutes with
