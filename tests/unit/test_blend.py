@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from facefuse.errors import InvalidArgumentError
-from facefuse.imaging.blend import alpha_blend, auto_levels, laplacian_blend, poisson_blend
+from facefuse.imaging.blend import (
+    alpha_blend,
+    alpha_blend_into,
+    auto_levels,
+    laplacian_blend,
+    poisson_blend,
+)
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +239,27 @@ def test_overwriting_fg_gives_the_same_blend(pair: tuple[np.ndarray, np.ndarray]
     np.testing.assert_array_equal(laplacian_blend(u8, bg, mask, overwrite_fg=True),
                                   laplacian_blend(fg, bg, mask))
     np.testing.assert_array_equal(u8, fg)
+
+
+@pytest.mark.parametrize("mask_kind", ["float", "uint8", "bool"])
+def test_alpha_blend_into_is_alpha_blend_in_place(pair: tuple[np.ndarray, np.ndarray],
+                                                  mask_kind: str) -> None:
+    """Written into a float32 background (a view of a larger image too): the bits
+    :func:`alpha_blend` gives, with a uint8 or a float foreground."""
+    fg, bg = pair
+    rng = np.random.default_rng(9)
+    m = rng.uniform(-0.2, 1.2, fg.shape[:2]).astype(np.float32)
+    masks: dict[str, np.ndarray] = {"float": m, "bool": m > 0.5,
+                                    "uint8": (np.clip(m, 0, 1) * 255).astype(np.uint8)}
+    mask = masks[mask_kind]
+    base = bg.astype(np.float32) * np.float32(1.01) - np.float32(0.3)
+    for front in (fg, fg.astype(np.float32) + np.float32(0.7)):
+        expected = alpha_blend(front, base, mask)
+        big = np.zeros((base.shape[0] + 4, base.shape[1] + 6, 3), np.float32)
+        into = big[2:-2, 3:-3]
+        into[:] = base
+        alpha_blend_into(front, into, mask)
+        np.testing.assert_array_equal(into, expected)
+        assert not big[:2].any() and not big[:, :3].any()
+    with pytest.raises(InvalidArgumentError, match="float32"):
+        alpha_blend_into(fg, bg.copy(), m)

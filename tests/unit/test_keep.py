@@ -55,17 +55,22 @@ def test_crisp_is_exact_for_speckled_masks_anywhere() -> None:
         np.testing.assert_array_equal(_crisp(kept), expected)
 
 
+@pytest.mark.parametrize("consume", [False, True])
 @pytest.mark.parametrize("where", ["inside", "edges", "none"])
-def test_blend_layer_puts_back_the_kept_pixels_as_over_the_whole_region(where: str) -> None:
+def test_blend_layer_puts_back_the_kept_pixels_as_over_the_whole_region(
+        where: str, consume: bool) -> None:
+    """Also when the blend works in the layer's own face (``consume``): the same
+    pixels, and the face is left alone unless given up."""
     rng = np.random.default_rng(3)
     image = rng.integers(0, 256, (140, 120, 3), dtype=np.uint8)
     region = (20, 30, 20 + SHAPE[1], 30 + SHAPE[0])
     face = rng.uniform(-10, 265, (*SHAPE, 3)).astype(np.float32)
     mask = np.clip(rng.uniform(-0.5, 1.5, SHAPE), 0, 1).astype(np.float32)
     keep = _crisp(_blobs(where))
-    layer = FaceLayer(region, face, mask, np.zeros((478, 3)), keep)
+    layer = FaceLayer(region, face.copy(), mask, np.zeros((478, 3)), keep)
     got = image.copy()
-    blend_layer(got, layer, "multiband")
+    blend_layer(got, layer, "multiband", consume=consume)
+    assert np.array_equal(layer.face, face) is not consume
     x0, y0, x1, y1 = region
     bg = image[y0:y1, x0:x1]
     out = OpenCVPixels().multiband(np.clip(face, 0, 255), bg, mask)

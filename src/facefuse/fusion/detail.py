@@ -348,7 +348,8 @@ def full_resolution_layer(
     out += each_channel(detail)
     # The detail bands are luma: the target's colour above the split (a nostril's,
     # a mole's) would stay as a tinted ghost of it. Where the source is shown it goes.
-    colour = np.asarray(warped_box, np.float32) - each_channel(tgt_y)
+    colour = warped_box.astype(np.float32)
+    colour -= each_channel(tgt_y)  # (in place: one region-sized float image less)
     # (One Gaussian of the two bands' combined σ: the same low-pass as their cascade,
     # at half size.)
     colour -= low_pass(colour, float(np.hypot(FINE_SIGMA, split)))

@@ -3,7 +3,8 @@
 All three functions work on region images (crop, blend, paste back), never on a
 whole frame unless that is the region.
 
-* :func:`alpha_blend` — ``bg + m·(fg − bg)`` per pixel.
+* :func:`alpha_blend` — ``bg + m·(fg − bg)`` per pixel (:func:`alpha_blend_into`:
+  the same, in place).
 * :func:`laplacian_blend` — Burt & Adelson multi-band blending: each band of a
   Laplacian pyramid is blended with the mask's Gaussian pyramid at the same
   scale, so low frequencies (colour, shading) mix over a wide zone and fine
@@ -92,6 +93,19 @@ def alpha_blend(
     out: F32 = b + m * (fg.astype(np.float32) - b)
     return _finish(out, fg, bg)
 
+
+def alpha_blend_into(fg: npt.NDArray[Any], bg: F32, mask: npt.NDArray[Any]) -> None:
+    """:func:`alpha_blend` written into ``bg``, a float32 image (or view) the caller
+    gives up: ``bg += m·(fg − bg)``, the same float32 sums to the bit, without a
+    copy of ``bg`` or of the result beside it. ``fg``: uint8 or float, ``mask`` as
+    for :func:`alpha_blend`."""
+    _check_pair(fg, bg)
+    if bg.dtype != np.float32:
+        raise InvalidArgumentError(f"bg must be float32, not {bg.dtype}")
+    m = _expand(_mask_f32(mask, fg.shape), fg)
+    change = np.subtract(fg, bg, dtype=np.float32)
+    change *= m
+    bg += change
 
 def auto_levels(height: int, width: int) -> int:
     """Pyramid depth for a region: halve until the short side would drop under 8 px.
