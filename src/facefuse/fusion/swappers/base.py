@@ -27,6 +27,9 @@ class FaceLayer:
     covers the target's face), so no blend band reaches into them.
     ``outside_source``: the share (0..1) of the face's pixels whose colour comes
     from beyond the source's face outline (None when not measured).
+    A layer is the engine's once returned: a photo's blend works in its float32
+    ``face`` (no copy beside it), so a swapper returns a face array of its own,
+    never one it keeps or shares.
     """
 
     region: tuple[int, int, int, int]
