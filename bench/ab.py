@@ -175,6 +175,7 @@ def summary(r: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
         "rps_c8": statistics.median(x["throughput_rps"] for x in r["8"]),
         "p95_ms_c8": statistics.median(x["p95_ms"] for x in r["8"]),
         "peak_rss_mb_c32": r["32"][0]["peak_rss_mb"],
+        "cache_mb_c32": round(sum(r["32"][0].get("cache_mb", {}).values()), 1),
         "rps_c32": r["32"][0]["throughput_rps"],
         "errors_c64": r["64"][0]["other_errors"],
         "rejected_503_c64": r["64"][0]["rejected_503"],
@@ -210,7 +211,9 @@ def report(res: dict[str, Any]) -> str:
         f"`POST /v1/fuse` of distinct {inputs_phrase(res)} (degree 80, JPEG out, each "
         "side's default for `similarity`: off since the recogniser left the default path). "
         f"Latency and throughput are medians of {res['rounds']} "
-        "interleaved rounds; peak RSS is the server's VmHWM after the 32-client level; "
+        "interleaved rounds; peak RSS is the server's VmHWM after the 32-client level "
+        "(the caches' share: `facefuse_cache_bytes` then, bounded by "
+        "`FACEFUSE_L1_CACHE_BYTES` + `FACEFUSE_L2_CACHE_BYTES`); "
         "the 2 cores are shared with the load generator and with other work.",
         "",
         "| figure | before | after | after / before |",
@@ -220,6 +223,8 @@ def report(res: dict[str, Any]) -> str:
         row("p95 ms, 8 clients", "p95_ms_c8", ".0f", True),
         row("req/s, 32 clients", "rps_c32", ".2f", False),
         row("peak RSS MB, 32 clients", "peak_rss_mb_c32", ".0f", True),
+        row("of which in-process caches (L1 + L2) MB, after 32 clients", "cache_mb_c32",
+            ".0f", True),
         f"| errors at 64 clients (503 rejected) | {old['errors_c64']} "
         f"({old['rejected_503_c64']}) | {new['errors_c64']} ({new['rejected_503_c64']}) | |",
         "",

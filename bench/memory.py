@@ -5,7 +5,8 @@ server: ``FACEFUSE_*`` settings, ``MALLOC_ARENA_MAX``, ``PYTHONPATH=<an exported
 src/>``...). Per variant: RSS right after readiness (VmRSS, its anonymous and
 file-backed parts), after a short warm-up, then closed-loop ``POST /v1/fuse`` of
 distinct portraits at 8 clients (throughput) and 32 clients (peak: the largest
-anonymous RSS sampled every 50 ms, and VmHWM, everything held since start).
+anonymous RSS sampled every 50 ms, and VmHWM, everything held since start; and the
+in-process caches' share of it, ``cache_mb_32``).
 Prints one JSON line per variant; on a shared machine run each variant twice,
 interleaved, and compare like with like.
 
@@ -82,6 +83,7 @@ def main() -> None:
             sampler.join()
             print(json.dumps({"variant": name, "env": env, "ready": ready, "warm": warm,
                               "after_32": status_mb(pid), "peak_anon_mb_32": peak[0],
+                              "cache_mb_32": r32["cache_mb"],
                               "rps_8": r8["throughput_rps"], "p50_ms_8": r8["p50_ms"],
                               "rps_32": r32["throughput_rps"], "statuses_32": r32["statuses"]}),
                   flush=True)

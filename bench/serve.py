@@ -159,6 +159,17 @@ class Server:
                         total += int(line.split()[1]) / 1024
         return total
 
+    def cache_mb(self) -> dict[str, float]:
+        """MB held by the in-process caches (``facefuse_cache_bytes``), per level
+        (``l1``, ``l2``; L2 is 0 with Redis): their share of the RSS."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out = {"l1": 0.0, "l2": 0.0}
+        for line in text.splitlines():
+            if line.startswith("facefuse_cache_bytes{"):
+                level = line.split('level="', 1)[1].split('"', 1)[0]
+                out[level] = out.get(level, 0.0) + float(line.rsplit(" ", 1)[1]) / 2**20
+        return {k: round(v, 1) for k, v in out.items()}
+
     def batch_stats(self) -> dict[str, tuple[float, float]]:
         text = httpx.get(self.url + "/metrics", timeout=10).text
         out: dict[str, list[float]] = {m: [0.0, 0.0] for m in MODELS}
@@ -268,6 +279,7 @@ def closed_loop(
         "hit_ratio": round(hits / ok, 3) if ok else 0.0,
         "avg_batch": batch,
         "peak_rss_mb": round(srv.peak_rss_mb(), 1),
+        "cache_mb": srv.cache_mb(),
     }
 
 
