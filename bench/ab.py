@@ -168,14 +168,19 @@ def inputs_phrase(res: dict[str, Any]) -> str:
     return size + home
 
 
-def summary(r: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+def cache_total(cache_mb: dict[str, float] | None) -> float | None:
+    """L1 + L2 MB of a level's row (None: not known, see ``Server.cache_mb``)."""
+    return round(sum(cache_mb.values()), 1) if cache_mb else None
+
+
+def summary(r: dict[str, list[dict[str, Any]]]) -> dict[str, float | None]:
     """Medians over rounds of p50 at 1 client and req/s at 8; RSS at 32; errors at 64."""
     return {
         "p50_ms_c1": statistics.median(x["p50_ms"] for x in r["1"]),
         "rps_c8": statistics.median(x["throughput_rps"] for x in r["8"]),
         "p95_ms_c8": statistics.median(x["p95_ms"] for x in r["8"]),
         "peak_rss_mb_c32": r["32"][0]["peak_rss_mb"],
-        "cache_mb_c32": round(sum(r["32"][0].get("cache_mb", {}).values()), 1),
+        "cache_mb_c32": cache_total(r["32"][0].get("cache_mb")),
         "rps_c32": r["32"][0]["throughput_rps"],
         "errors_c64": r["64"][0]["other_errors"],
         "rejected_503_c64": r["64"][0]["rejected_503"],
@@ -187,10 +192,13 @@ def report(res: dict[str, Any]) -> str:
     old, new = res["summary"]["old"], res["summary"]["new"]
 
     def row(label: str, key: str, fmt: str, better_low: bool) -> str:
-        ratio = new[key] / old[key] if old[key] else float("nan")
+        a, b = old[key], new[key]
+        if a is None or b is None:
+            shown = [("n/a" if v is None else f"{v:{fmt}}") for v in (a, b)]
+            return f"| {label} | {shown[0]} | {shown[1]} | |"
+        ratio = b / a if a else float("nan")
         arrow = "lower is better" if better_low else "higher is better"
-        return (f"| {label} | {old[key]:{fmt}} | {new[key]:{fmt}} | {ratio:.2f}× "
-                f"({arrow}) |")
+        return f"| {label} | {a:{fmt}} | {b:{fmt}} | {ratio:.2f}× ({arrow}) |"
 
     met = {
         f"p50 ≤ {GOAL_P50_MS:g} ms at 1 client": new["p50_ms_c1"] <= GOAL_P50_MS,

@@ -159,16 +159,20 @@ class Server:
                         total += int(line.split()[1]) / 1024
         return total
 
-    def cache_mb(self) -> dict[str, float]:
+    def cache_mb(self) -> dict[str, float] | None:
         """MB held by the in-process caches (``facefuse_cache_bytes``), per level
-        (``l1``, ``l2``; L2 is 0 with Redis): their share of the RSS."""
+        (``l1``, ``l2``; L2 is 0 with Redis): their share of the RSS. None when it
+        cannot be told: a server without the metric, or several worker processes
+        (``/metrics`` then answers for one of them)."""
+        if len(self.pids()) > 1:
+            return None
         text = httpx.get(self.url + "/metrics", timeout=10).text
-        out = {"l1": 0.0, "l2": 0.0}
+        out: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("facefuse_cache_bytes{"):
                 level = line.split('level="', 1)[1].split('"', 1)[0]
                 out[level] = out.get(level, 0.0) + float(line.rsplit(" ", 1)[1]) / 2**20
-        return {k: round(v, 1) for k, v in out.items()}
+        return {k: round(v, 1) for k, v in out.items()} or None
 
     def batch_stats(self) -> dict[str, tuple[float, float]]:
         text = httpx.get(self.url + "/metrics", timeout=10).text

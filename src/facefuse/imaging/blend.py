@@ -107,6 +107,7 @@ def alpha_blend_into(fg: npt.NDArray[Any], bg: F32, mask: npt.NDArray[Any]) -> N
     change *= m
     bg += change
 
+
 def auto_levels(height: int, width: int) -> int:
     """Pyramid depth for a region: halve until the short side would drop under 8 px.
 
