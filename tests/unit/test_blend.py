@@ -242,24 +242,31 @@ def test_overwriting_fg_gives_the_same_blend(pair: tuple[np.ndarray, np.ndarray]
 
 
 @pytest.mark.parametrize("mask_kind", ["float", "uint8", "bool"])
-def test_alpha_blend_into_is_alpha_blend_in_place(pair: tuple[np.ndarray, np.ndarray],
-                                                  mask_kind: str) -> None:
-    """Written into a float32 background (a view of a larger image too): the bits
-    :func:`alpha_blend` gives, with a uint8 or a float foreground."""
+def test_alpha_blend_into_writes_the_blend_in_place(pair: tuple[np.ndarray, np.ndarray],
+                                                   mask_kind: str) -> None:
+    """Written into a float32 background (a view of a larger image too): the float32
+    ``bg + m·(fg − bg)`` to the bit, with a uint8 or a float foreground, the mask's
+    weights as :func:`alpha_blend` documents them; nothing outside the view moves.
+    :func:`alpha_blend` itself is this on a float32 copy of its background."""
     fg, bg = pair
     rng = np.random.default_rng(9)
     m = rng.uniform(-0.2, 1.2, fg.shape[:2]).astype(np.float32)
-    masks: dict[str, np.ndarray] = {"float": m, "bool": m > 0.5,
-                                    "uint8": (np.clip(m, 0, 1) * 255).astype(np.uint8)}
-    mask = masks[mask_kind]
+    u8 = (np.clip(m, 0, 1) * 255).astype(np.uint8)
+    masks: dict[str, tuple[np.ndarray, np.ndarray]] = {
+        "float": (m, np.clip(m, 0, 1)),
+        "bool": (m > 0.5, (m > 0.5).astype(np.float32)),
+        "uint8": (u8, u8.astype(np.float32) * np.float32(1 / 255))}
+    mask, weight = masks[mask_kind]
+    w3 = np.repeat(weight[..., None], 3, axis=2)
     base = bg.astype(np.float32) * np.float32(1.01) - np.float32(0.3)
     for front in (fg, fg.astype(np.float32) + np.float32(0.7)):
-        expected = alpha_blend(front, base, mask)
+        expected = base + w3 * (front.astype(np.float32) - base)
         big = np.zeros((base.shape[0] + 4, base.shape[1] + 6, 3), np.float32)
         into = big[2:-2, 3:-3]
         into[:] = base
         alpha_blend_into(front, into, mask)
         np.testing.assert_array_equal(into, expected)
         assert not big[:2].any() and not big[:, :3].any()
+        np.testing.assert_array_equal(alpha_blend(front, base, mask), expected)
     with pytest.raises(InvalidArgumentError, match="float32"):
         alpha_blend_into(fg, bg.copy(), m)

@@ -87,10 +87,8 @@ def alpha_blend(
         Same shape; uint8 if both inputs are uint8 (``bg`` exactly where m = 0,
         ``fg`` exactly where m = 1), else float32.
     """
-    _check_pair(fg, bg)
-    m = _expand(_mask_f32(mask, fg.shape), fg)
-    b = bg.astype(np.float32)
-    out: F32 = b + m * (fg.astype(np.float32) - b)
+    out: F32 = bg.astype(np.float32)
+    alpha_blend_into(fg, out, mask)
     return _finish(out, fg, bg)
 
 
