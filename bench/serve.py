@@ -159,6 +159,18 @@ class Server:
                         total += int(line.split()[1]) / 1024
         return total
 
+    def samples(self, label: str, *names: str) -> list[tuple[str, str, float]]:
+        """``(metric, its label's value, sample value)`` of every sample of the metrics
+        ``names`` that ``/metrics`` shows now (one scrape)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out = []
+        for line in text.splitlines():
+            name = line.split("{", 1)[0]
+            if name in names and f'{label}="' in line:
+                value = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+                out.append((name, value, float(line.rsplit(" ", 1)[1])))
+        return out
+
     def cache_mb(self) -> dict[str, float] | None:
         """MB held by the in-process caches (``facefuse_cache_bytes``), per level
         (``l1``, ``l2``; L2 is 0 with Redis): their share of the RSS. None when it
@@ -166,23 +178,17 @@ class Server:
         (``/metrics`` then answers for one of them)."""
         if len(self.pids()) > 1:
             return None
-        text = httpx.get(self.url + "/metrics", timeout=10).text
         out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("facefuse_cache_bytes{"):
-                level = line.split('level="', 1)[1].split('"', 1)[0]
-                out[level] = out.get(level, 0.0) + float(line.rsplit(" ", 1)[1]) / 2**20
+        for _, level, value in self.samples("level", "facefuse_cache_bytes"):
+            out[level] = out.get(level, 0.0) + value / 2**20
         return {k: round(v, 1) for k, v in out.items()} or None
 
     def batch_stats(self) -> dict[str, tuple[float, float]]:
-        text = httpx.get(self.url + "/metrics", timeout=10).text
         out: dict[str, list[float]] = {m: [0.0, 0.0] for m in MODELS}
-        for line in text.splitlines():
-            for kind, idx in (("facefuse_batch_size_sum", 0), ("facefuse_batch_size_count", 1)):
-                if line.startswith(kind + "{"):
-                    model = line.split('model="', 1)[1].split('"', 1)[0]
-                    if model in out:
-                        out[model][idx] = float(line.rsplit(" ", 1)[1])
+        column = {"facefuse_batch_size_sum": 0, "facefuse_batch_size_count": 1}
+        for name, model, value in self.samples("model", *column):
+            if model in out:
+                out[model][column[name]] = value
         return {m: (v[0], v[1]) for m, v in out.items()}
 
     def stop(self) -> None:
