@@ -7,9 +7,9 @@ The classic render works at a reduced working scale (the target's outer eye corn
 per-source memo off) at several working eye distances, interleaved round by
 round, and times the full-resolution steps inside each render. What the render
 loses as the working scale shrinks is the share that scales with working pixels;
-what stays is fixed: the full-resolution steps plus the per-call cost of the
-working-scale code (its Python and the NumPy/OpenCV calls' own overhead), which
-does not shrink with the image.
+what stays is fixed: the full-resolution steps, work sized by the mesh, and the
+per-call cost of the working-scale code (its Python and the NumPy/OpenCV calls'
+own overhead), which does not shrink with the image.
 
     .venv/bin/python bench/render_split.py [--eyes 80 64 48 32] [--pairs 12] [--rounds 5]
         [--out DIR]
@@ -203,9 +203,10 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> str:
         f"{rest(ref) - rest(low):.1f} ms less. Of the shipped render's "
         f"{ref['cpu_ms']:.0f} ms, about **{sum(ref['full_resolution_ms'].values()):.0f}** "
         f"are the full-resolution steps, **{scaled:.0f}** scale with the working "
-        f"pixels, and **{rest(ref) - scaled:.0f}** do not: the working-scale code's "
-        "per-call cost (its Python and the NumPy and OpenCV calls' own overhead on "
-        "small images), which no cheaper pixel pass removes.",
+        f"pixels, and **{rest(ref) - scaled:.0f}** do not: work sized by the mesh (its "
+        "points and triangles), not the image, and the working-scale code's per-call "
+        "cost (its Python and the NumPy and OpenCV calls' own overhead on small "
+        "images), which no cheaper pixel pass removes.",
     ]
     around = res["outside_render_ms"]
     if around:
