@@ -88,13 +88,15 @@ def timed_steps(steps: tuple[tuple[Any, str], ...]) -> Iterator[dict[str, float]
 
 
 def split(cells: Sequence[tuple[float, float, float]], eye0: float, mp0: float
-          ) -> tuple[float, float, float]:
+          ) -> tuple[tuple[float, float, float], np.ndarray]:
     """Least-squares ``(fixed, working, full)`` ms of ``cpu = fixed + working · (eye /
-    eye0)² + full · (mp / mp0)`` over ``cells`` of (eye px, megapixels, cpu ms)."""
+    eye0)² + full · (mp / mp0)`` over ``cells`` of (eye px, megapixels, cpu ms), and
+    what the fit misses each cell by (measured − fitted, ms, in ``cells``' order)."""
     a = np.array([[1.0, (e / eye0) ** 2, m / mp0] for e, m, _ in cells])
     y = np.array([c for _, _, c in cells])
-    (fixed, working, full), *_ = np.linalg.lstsq(a, y, rcond=None)
-    return float(fixed), float(working), float(full)
+    parts, *_ = np.linalg.lstsq(a, y, rcond=None)
+    fixed, working, full = (float(v) for v in parts)
+    return (fixed, working, full), y - a @ parts
 
 
 def analyse(fuser: Any, rgb: np.ndarray) -> list[Any]:
@@ -191,15 +193,12 @@ def main() -> None:
                 cpu[eye, mp].append(renders.run())
             for _, name in FULL_RESOLUTION_STEPS:
                 steps[eye, mp][name].append(1000 * spent[name] / len(renders.pairs))
-        swapper.work_eye_px = args.eyes[0]
         ref = sizes[mp0]
         for stage, ms in around_render(fuser, ref.encoded, ref.outputs).items():
             outside[stage].append(ms)
     medians = {c: statistics.median(v) for c, v in cpu.items()}
-    fixed, working, full = split([(e, mp, medians[e, mp]) for e, mp in cells],
-                                 args.eyes[0], mp0)
-    misfit = [medians[e, mp] - (fixed + working * (e / args.eyes[0]) ** 2 + full * mp / mp0)
-              for e, mp in cells]
+    (fixed, working, full), misfit = split([(e, mp, medians[e, mp]) for e, mp in cells],
+                                           args.eyes[0], mp0)
     res = {
         "machine": machine(), "rounds": args.rounds, "eye0": args.eyes[0], "mp0": mp0,
         "pairs": {str(mp): len(r.pairs) for mp, r in sizes.items()},

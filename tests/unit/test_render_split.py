@@ -48,13 +48,16 @@ def test_split_recovers_the_three_parts_and_the_report_quotes_them() -> None:
     # cpu = 18 + 16·(eye/80)² + 15·(MP/2), exactly.
     cells = [(e, mp, 18.0 + 16.0 * (e / 80.0) ** 2 + 15.0 * mp / 2.0)
              for e in (80.0, 64.0, 48.0) for mp in (1.5, 2.0, 3.0)]
-    fixed, working, full = split(cells, 80.0, 2.0)
+    (fixed, working, full), misfit = split(cells, 80.0, 2.0)
     assert fixed == pytest.approx(18.0) and working == pytest.approx(16.0)
     assert full == pytest.approx(15.0)
+    assert misfit == pytest.approx(0.0, abs=1e-9)
     # A cost that grows with the working image's side, not its area, is not all
     # working pixels: the fit puts part of it in the fixed part.
-    fixed_l, working_l, _ = split([(e, mp, c + 8.0 * e / 80.0) for e, mp, c in cells], 80.0, 2.0)
+    (fixed_l, working_l, _), misfit_l = split(
+        [(e, mp, c + 8.0 * e / 80.0) for e, mp, c in cells], 80.0, 2.0)
     assert fixed_l > fixed + 1.0 and working < working_l < working + 8.0
+    assert 0.0 < float(abs(misfit_l).max()) < 1.0  # (and the fit shows it misses)
     names = ("full_resolution_layer", "blend_layer", "iris_colour", "recolour_irises")
     res = {"machine": {"cpu": "x", "cores": 2, "flags": [], "python": "3", "onnxruntime": "1",
                        "date": "d"},
