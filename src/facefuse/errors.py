@@ -326,3 +326,34 @@ class JobNotFinishedError(FacefuseError):
     code = "job_not_finished"
     http_status = 409
     exit_code = 2
+
+
+# --- live sessions -----------------------------------------------------------------------
+
+
+class InvalidOfferError(FacefuseError):
+    """An SDP offer a live session cannot take. Refined codes:
+    ``offer_without_video`` (no video it sends, or for a viewer receives),
+    ``unsupported_codec`` (no VP8 or H.264 video offered)."""
+
+    code = "invalid_offer"
+    http_status = 422
+    exit_code = 2
+
+
+class LiveSessionNotFoundError(FacefuseError):
+    """No live session (or viewer, or uploaded live source) has that id for this key;
+    or it ended."""
+
+    code = "live_session_not_found"
+    http_status = 404
+    exit_code = 2
+
+
+class LiveUnavailableError(FacefuseError):
+    """This install cannot run live sessions: aiortc or PyAV is not installed (the
+    API image has no PyAV; the live deployment runs the worker image)."""
+
+    code = "live_unavailable"
+    http_status = 501
+    exit_code = 5

@@ -286,9 +286,8 @@ class ClipFusion:
         self.sources: dict[int | None, _Source] = {}
         self.notes: list[str] = []
         if self.pairs is None:
-            i, face, notes = pick_source(faces)
-            check_usable(face, "source", fo.min_face_size)
-            self.sources[None] = _Source(decoded[i], face)
+            source, notes = self._pick(decoded, faces)
+            self.sources[None] = source
             self.notes += notes
         else:
             for p in self.pairs:
@@ -319,6 +318,57 @@ class ClipFusion:
         self._last_detect = -(10**9)
         self.detections = 0
         self.cuts = 0
+
+    def _pick(self, decoded: Sequence[np.ndarray], faces: Sequence[list[Face]]
+              ) -> tuple[_Source, list[str]]:
+        i, face, notes = pick_source(faces)
+        check_usable(face, "source", self.options.fuse.min_face_size)
+        return _Source(decoded[i], face), notes
+
+    # ---- changes between frames (a live session) ------------------------------------------
+
+    def prepare_source(self, sources: Sequence[ImageInput]) -> object:
+        """Decode and analyse new source photos (of one person) for :meth:`use_source`,
+        without touching the clip's state: any thread, while frames go on.
+
+        Raises:
+            FaceError, InvalidImageError: no usable face, a bad image (typed).
+            InvalidArgumentError: the clip fuses by a mapping (its sources are fixed).
+        """
+        if self.pairs is not None:
+            raise InvalidArgumentError("a clip fused by a mapping keeps its sources",
+                                       code="mapping_fixed")
+        if not sources:
+            raise InvalidArgumentError("no source image given", code="source_missing")
+        decoded = [self.analyser.decode(s) for s in sources]
+        return self._pick(decoded, [self.analyser.analyse(rgb, purpose="largest")
+                                    for rgb in decoded])[0]
+
+    def use_source(self, prepared: object) -> None:
+        """Fuse the source :meth:`prepare_source` made from the next planned frame on
+        (in frame order, between frames): what each track carried over from the old
+        source and its tone history are dropped."""
+        assert isinstance(prepared, _Source)
+        self.sources[None] = prepared
+        for tr in self.tracker.tracks:
+            tr.carried = None
+            if isinstance(tr.tone, _Tone):
+                tr.tone.reset()
+
+    def retune(self, fuse: FuseOptions) -> None:
+        """Fuse with ``fuse`` from the next planned frame on (between frames; the
+        swapper, the mode and the source stay: a degree, a blend or a texture
+        change). Tracks, filters and sources are kept.
+
+        Raises:
+            InvalidArgumentError: another swapper or mode (those need a new clip).
+        """
+        old = self.options.fuse
+        if (fuse.swapper, fuse.mode) != (old.swapper, old.mode):
+            raise InvalidArgumentError("the swapper and the mode are fixed for a clip",
+                                       code="option_fixed")
+        self.options = dataclasses.replace(self.options, fuse=fuse)
+        self._render_options = dataclasses.replace(fuse, evaluate=False)
 
     # ---- one frame ------------------------------------------------------------------------
 

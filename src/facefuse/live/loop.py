@@ -1,0 +1,324 @@
+"""The frame loop of a live session: latest frame wins, rendered off the event loop.
+
+A camera does not wait. :class:`FrameLoop` holds **one** slot for the newest
+frame received: :meth:`FrameLoop.offer` (on the event loop, never blocking) puts
+a frame there, and a frame still waiting in it is dropped (counted), never
+queued behind. The session's thread takes the slot's frame whenever fewer than
+``workers`` frames are rendering, plans it with the video engine's per-frame state
+machine (:class:`~facefuse.video.engine.ClipFusion`: tracking, landmark
+smoothing, the per-track source; in frame order), renders it in a small pool
+(the render of one frame overlaps the tracking and render of the next, as in the
+clip engine), then finishes (tone smoothing, blend) and hands out the frames in
+order. So a slow frame delays only itself, and the frame fused next is always the
+newest there is: latency stays about one frame's work, whatever the camera's rate.
+
+Changes asked for while frames flow (a degree, a new source) are queued as
+callables and applied by that thread between two plans, in order (a render
+already running finishes with what it started with).
+
+Output frames keep the input's timestamps. Where faces were fused only their
+regions are converted back to the camera's 4:2:0 picture
+(:func:`~facefuse.video.io.patched_picture`); a frame with no face fused is the
+decoded picture itself, passed through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import cv2
+import numpy as np
+
+from facefuse.fusion.swappers.base import FaceLayer
+from facefuse.video.engine import ClipFusion, FramePlan
+from facefuse.video.io import patched_picture
+
+__all__ = ["FrameLoop", "LiveFigures", "LiveObserver"]
+
+log = logging.getLogger("facefuse.live")
+
+#: Frames of 4:2:0 layouts whose picture is reused outside the fused regions.
+_REUSABLE = frozenset({"yuv420p", "yuvj420p"})
+#: Latencies kept for the percentiles of a session's figures.
+LATENCY_WINDOW = 600
+#: Seconds over which a session's frame rates are measured.
+RATE_WINDOW_S = 2.0
+
+
+class LiveObserver(Protocol):
+    """What the frame loop reports (the server's metrics implement it)."""
+
+    def observe_live_frame(self, kind: str, count: int = 1) -> None:
+        """``kind``: ``in`` (received), ``out`` (sent fused), ``dropped`` (never fused)."""
+
+    def observe_live_latency(self, seconds: float) -> None:
+        """One frame's time from received to its fused frame handed to the encoder."""
+
+
+class _NoObserver:
+    def observe_live_frame(self, kind: str, count: int = 1) -> None:
+        pass
+
+    def observe_live_latency(self, seconds: float) -> None:
+        pass
+
+
+@dataclass
+class _InFlight:
+    """A frame taken from the slot: planned, its render running."""
+
+    frame: Any
+    received: float
+    t0: float
+    plan: FramePlan | None
+    scaled: bool
+    layers: Future[list[FaceLayer]]
+
+
+@dataclass
+class LiveFigures:
+    """A session's counts and recent timings (thread-safe: one lock)."""
+
+    frames_in: int = 0
+    frames_out: int = 0
+    frames_dropped: int = 0
+    frames_fused: int = 0
+    #: Seconds from a frame received to its fused frame handed to the encoder.
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    #: Seconds one fusion took (the frame thread's work).
+    work: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    _in_times: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    _out_times: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    size: tuple[int, int] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def received(self, now: float) -> None:
+        with self._lock:
+            self.frames_in += 1
+            self._in_times.append(now)
+
+    def dropped(self) -> None:
+        with self._lock:
+            self.frames_dropped += 1
+
+    def fused(self, seconds: float, faces: bool, size: tuple[int, int]) -> None:
+        with self._lock:
+            self.work.append(seconds)
+            self.frames_fused += faces
+            self.size = size
+
+    def sent(self, now: float, latency: float) -> None:
+        with self._lock:
+            self.frames_out += 1
+            self._out_times.append(now)
+            self.latencies.append(latency)
+
+    def to_dict(self, now: float | None = None) -> dict[str, Any]:
+        """Counts, rates (fps over the last :data:`RATE_WINDOW_S`) and the latency and
+        work percentiles (ms, over the last :data:`LATENCY_WINDOW` frames)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            lat = np.asarray(self.latencies, np.float64) * 1000.0
+            work = np.asarray(self.work, np.float64) * 1000.0
+            out = {
+                "frames_in": self.frames_in, "frames_out": self.frames_out,
+                "frames_dropped": self.frames_dropped, "frames_with_faces": self.frames_fused,
+                "fps_in": _rate(self._in_times, now), "fps_out": _rate(self._out_times, now),
+                "width": self.size[0] if self.size else None,
+                "height": self.size[1] if self.size else None,
+            }
+        for name, values in (("latency", lat), ("fusion", work)):
+            for q in (50, 95):
+                out[f"{name}_p{q}_ms"] = (round(float(np.percentile(values, q)), 1)
+                                         if values.size else None)
+        return out
+
+
+def _rate(times: deque[float], now: float) -> float:
+    recent = [t for t in times if now - t <= RATE_WINDOW_S]
+    if len(recent) < 2:
+        return 0.0
+    return round((len(recent) - 1) / max(recent[-1] - recent[0], 1e-6), 2)
+
+
+#: ``emit(frame, received)``: a fused frame (PyAV) and when its input was received
+#: (``time.monotonic()``), called from the frame thread.
+Emit = Callable[[Any, float], None]
+
+
+class FrameLoop:
+    """Fuses the newest frame offered, in a thread of its own (see the module
+    docstring). ``max_side``: frames whose longer side is over it are fused scaled
+    down to it. ``workers``: frames rendered at once (the render of one overlaps
+    the tracking and render of the next; 1: one frame at a time)."""
+
+    def __init__(self, state: ClipFusion, emit: Emit, *, observer: LiveObserver | None = None,
+                 max_side: int = 1920, workers: int = 2, name: str = "live") -> None:
+        self.state = state
+        self._workers = workers
+        self.figures = LiveFigures()
+        self._emit = emit
+        self._observer = observer or _NoObserver()
+        self._max_side = max_side
+        self._cond = threading.Condition()
+        self._slot: tuple[Any, float] | None = None
+        self._changes: list[Callable[[ClipFusion], None]] = []
+        self._stop = False
+        self._index = 0
+        self._t0: float | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # --- the event loop's side -----------------------------------------------------------
+
+    def offer(self, frame: Any, received: float | None = None) -> None:
+        """The newest camera frame (a PyAV ``VideoFrame``); a frame not yet taken is
+        dropped. Never blocks."""
+        now = time.monotonic() if received is None else received
+        self.figures.received(now)
+        self._observer.observe_live_frame("in")
+        with self._cond:
+            if self._slot is not None:
+                self.figures.dropped()
+                self._observer.observe_live_frame("dropped")
+            self._slot = (frame, now)
+            self._cond.notify()
+
+    def change(self, apply: Callable[[ClipFusion], None]) -> None:
+        """Run ``apply(state)`` in the frame thread before the next frame is fused."""
+        with self._cond:
+            self._changes.append(apply)
+            self._cond.notify()
+
+    def sent(self, received: float) -> None:
+        """A fused frame whose input came at ``received`` went to the encoder now."""
+        now = time.monotonic()
+        self.figures.sent(now, now - received)
+        self._observer.observe_live_frame("out")
+        self._observer.observe_live_latency(now - received)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread (the frame in hand is finished first); a frame left in the
+        slot is dropped."""
+        with self._cond:
+            self._stop = True
+            if self._slot is not None:
+                self._slot = None
+                self.figures.dropped()
+                self._observer.observe_live_frame("dropped")
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    # --- the frame thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        """Take the newest frame whenever fewer than ``workers`` are rendering, plan it
+        (tracking, in frame order), render it in the pool, and finish and emit the
+        frames in order as their renders complete."""
+        pending: deque[_InFlight] = deque()
+        with ThreadPoolExecutor(self._workers, thread_name_prefix=self._thread.name) as pool:
+            while True:
+                with self._cond:
+                    while not (self._stop or self._changes
+                               or (self._slot is not None and len(pending) < self._workers)
+                               or (pending and pending[0].layers.done())):
+                        self._cond.wait()
+                    if self._stop:
+                        for x in pending:
+                            x.layers.cancel()
+                        return
+                    changes, self._changes = self._changes, []
+                    item = None
+                    if self._slot is not None and len(pending) < self._workers:
+                        item, self._slot = self._slot, None
+                for apply in changes:
+                    try:
+                        apply(self.state)
+                    except Exception:
+                        log.exception("a live change failed")
+                if item is not None:
+                    pending.append(self._start(item, pool))
+                while pending and pending[0].layers.done():
+                    self._emit(*self._finish(pending.popleft()))
+
+    def _wake(self, _: object = None) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _start(self, item: tuple[Any, float], pool: ThreadPoolExecutor) -> _InFlight:
+        """Plan the frame and start its render (a frame that cannot be planned goes
+        out as it came)."""
+        frame, received = item
+        t0 = time.monotonic()
+        try:
+            rgb, scaled = self._rgb(frame)
+            t = frame.time
+            if t is None:
+                self._t0 = t0 if self._t0 is None else self._t0
+                t = t0 - self._t0
+            plan = self.state.plan(rgb, self._index, float(t))
+            self._index += 1
+            layers = pool.submit(self.state.render, plan)
+        except Exception:
+            log.exception("a live frame could not be planned; passed through unfused")
+            plan, scaled, layers = None, False, Future()
+            layers.set_result([])
+        layers.add_done_callback(self._wake)
+        return _InFlight(frame, received, t0, plan, scaled, layers)
+
+    def _finish(self, x: _InFlight) -> tuple[Any, float]:
+        """(the output picture, when its input came)."""
+        if x.plan is None:
+            return x.frame, x.received
+        try:
+            fused, stats = self.state.finish(x.plan, x.layers.result())
+            out = self._picture(x.frame, fused, stats.regions, x.scaled)
+        except Exception:
+            # One bad frame (a decoder glitch, a model error) is passed through.
+            log.exception("a live frame failed; passed through unfused")
+            return x.frame, x.received
+        self.figures.fused(time.monotonic() - x.t0, bool(stats.fused),
+                           (fused.shape[1], fused.shape[0]))
+        return out, x.received
+
+    def _rgb(self, frame: Any) -> tuple[np.ndarray, bool]:
+        """The frame as RGB, scaled down to ``max_side`` (and whether it was)."""
+        rgb: np.ndarray = frame.to_ndarray(format="rgb24")
+        h, w = rgb.shape[:2]
+        scale = self._max_side / max(h, w)
+        if scale >= 1.0:
+            return rgb, False
+        size = (max(2, round(w * scale)) & ~1, max(2, round(h * scale)) & ~1)
+        return cv2.resize(rgb, size, interpolation=cv2.INTER_AREA), True
+
+    @staticmethod
+    def _picture(frame: Any, fused: np.ndarray, regions: list[tuple[int, int, int, int]],
+                 scaled: bool) -> Any:
+        """The output picture with ``frame``'s times: the decoded picture itself when no
+        face was fused, else only the fused regions converted back where it can."""
+        from facefuse.video.codecs import pyav
+
+        if not regions and not scaled:
+            return frame
+        if (not scaled and frame.format.name in _REUSABLE and frame.width % 2 == 0
+                and frame.height % 2 == 0):
+            # WebRTC cameras send BT.601 limited range (what to_ndarray read with).
+            out = patched_picture(frame, fused, regions, "ITU601", "MPEG")
+        else:
+            out = pyav().VideoFrame.from_ndarray(fused, format="rgb24")
+        with contextlib.suppress(AttributeError, ValueError):
+            out.pts, out.time_base = frame.pts, frame.time_base
+        return out
