@@ -37,6 +37,7 @@ import dataclasses
 import queue
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -716,6 +717,19 @@ def _render_pool(state: ClipFusion, options: VideoOptions
 _END = object()
 
 
+def _detached(exc: BaseException) -> BaseException:
+    """``exc`` to hand from a helper thread to another: without the helper's own
+    frame in its traceback (it holds the helper object, which holds the error: a
+    reference cycle only the garbage collector frees, with every array the frames
+    below it hold, the decoded frames among them), and with the locals of the
+    frames it keeps cleared (their lines stay for the log)."""
+    tb = exc.__traceback__
+    below = tb.tb_next if tb is not None else None
+    if below is not None:
+        traceback.clear_frames(below)
+    return exc.with_traceback(below)
+
+
 class _Pipe:
     """Runs an iterator in a thread, ``size`` items ahead; errors re-raise in the
     consumer."""
@@ -734,7 +748,7 @@ class _Pipe:
                 if not self._offer(item):
                     return
         except BaseException as exc:
-            self._error = exc
+            self._error = _detached(exc)
         self._offer(_END)
 
     def _offer(self, item: Any) -> bool:
@@ -751,8 +765,9 @@ class _Pipe:
         while True:
             item = self._q.get()
             if item is _END:
-                if self._error is not None:
-                    raise self._error
+                error, self._error = self._error, None
+                if error is not None:
+                    raise error
                 return
             yield item
 
@@ -784,7 +799,7 @@ class _Sink:
                 else:
                     self._writer.write(*item)
             except BaseException as exc:
-                self._error = exc
+                self._error = _detached(exc)
 
     def put(self, item: AudioPacket | tuple[Frame, np.ndarray,
                                             list[tuple[int, int, int, int]]]) -> None:

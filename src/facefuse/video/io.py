@@ -3,13 +3,23 @@
 Security and fidelity spec, in order:
 
 1. **Limits before decoding.** :func:`probe` opens the container, reads the header
-   only, and refuses a clip over :class:`VideoLimits` (bytes, duration, frames, the
-   longer side, frames per second) with a typed 413 before a frame is decoded. A
-   file FFmpeg cannot open, or one without a video stream, is 400
-   ``corrupt_video`` / ``no_video_stream``. While decoding, a frame whose size
-   differs from the header's, or more frames than the limit, stop the clip
-   (``corrupt_video``): the header cannot be used to under-declare the work.
-2. **Frames.** Every decoded frame is one output frame, with its own
+   and refuses a clip over :class:`VideoLimits` (bytes, duration, frames, the
+   longer side, frames per second) with a typed 413 before a frame of the clip is
+   decoded. What FFmpeg decodes to fill in a header (its stream probe) is bounded
+   to frames of :data:`PROBE_MAX_SIDE` squared pixels (a frame larger is refused
+   by the decoder before it is allocated); a clip whose frame size cannot be read
+   within that bound is ``video_resolution_too_high``. The probe then decodes the
+   first frame only, bounded to the header's size, and counts the video packets
+   (demuxed, not decoded) of a clip whose header declares no frame count, so a
+   clip without a duration is measured, not taken for one frame. A file FFmpeg
+   cannot open, or one without a video stream, is 400 ``corrupt_video`` /
+   ``no_video_stream``.
+2. **Bounded decoding.** The reader's decoder may allocate no frame larger than
+   the header's size (FFmpeg's ``max_pixels``): a larger frame fails the clip
+   (``corrupt_video``) before its pixels exist, a frame of another size after it
+   is decoded, and more frames or seconds than the limits stop it
+   (``video_too_long``): the header cannot be used to under-declare the work.
+3. **Frames.** Every decoded frame is one output frame, with its own
    presentation time (variable frame rates survive), converted to RGB with the
    stream's own colour matrix and range and converted back with the same ones;
    the output is tagged with them. Frames are handed over upright (the display
@@ -19,9 +29,9 @@ Security and fidelity spec, in order:
    and the clip is 8-bit 4:2:0 without a quarter turn, only those regions are
    converted back: the rest of the frame is the decoded picture itself (no
    round trip through RGB, and a fraction of the conversion's cost).
-3. **Audio** packets are copied into the output untouched, interleaved in the
+4. **Audio** packets are copied into the output untouched, interleaved in the
    order they were read (never decoded).
-4. **Atomic output.** :class:`VideoWriter` writes to a temporary file beside the
+5. **Atomic output.** :class:`VideoWriter` writes to a temporary file beside the
    destination and renames it into place only when the clip is complete; a
    failure or cancellation leaves no partial file.
 """
@@ -53,6 +63,13 @@ _BT709, _BT601 = 1, 6
 _RANGE_MPEG, _RANGE_JPEG = 1, 2
 #: Decoded layouts (8-bit 4:2:0 planes) the writer can reuse outside the changed regions.
 _REUSABLE = frozenset({"yuv420p", "yuvj420p"})
+#: The longest side (squared: pixels) of a frame FFmpeg may decode while it reads a
+#: clip's header (its stream probe), when the limits' ``max_side`` is smaller: enough
+#: for a 4K clip's header to be read and refused by size (25 MB a frame at most).
+PROBE_MAX_SIDE = 4096
+#: Pixels a decoder may add to a frame's declared size (coded sizes rounded up to
+#: macroblocks, rows aligned for SIMD) under the reader's ``max_pixels`` bound.
+_CODED_MARGIN = 64
 
 
 @dataclass(frozen=True)
@@ -142,27 +159,84 @@ class AudioPacket:
     packet: Any
 
 
-def _open(path: Path) -> Any:
+def _open(path: Path, max_pixels: int = PROBE_MAX_SIDE * PROBE_MAX_SIDE) -> Any:
+    """``path`` opened for reading; FFmpeg's stream probe decodes no frame over
+    ``max_pixels`` (for the streams the container declares before it)."""
     av = pyav()
 
     try:
-        return av.open(str(path), "r", metadata_errors="ignore")
+        return av.open(str(path), "r", metadata_errors="ignore",
+                       options={"max_pixels": str(max_pixels)})
     except (av.error.FFmpegError, UnicodeDecodeError) as exc:
         raise InvalidVideoError(f"cannot read the clip: {exc}", code="corrupt_video") from None
 
 
-def _rotation(container: Any, stream: Any) -> int:
-    """The display rotation (counter-clockwise degrees, a multiple of 90) of the
-    first frame; 0 when there is none."""
+def _probe_pixels(limits: VideoLimits) -> int:
+    side = max(limits.max_side, PROBE_MAX_SIDE)
+    return side * side
+
+
+def decode_bound(stream: Any, width: int, height: int) -> None:
+    """Bound ``stream``'s decoder to frames of ``width`` × ``height`` (and the coded
+    margin): a larger frame is an error before its buffer is allocated. Call before
+    its first decode."""
+    stream.codec_context.options = {
+        "max_pixels": str((width + _CODED_MARGIN) * (height + _CODED_MARGIN))}
+
+
+def _first_frame(container: Any, stream: Any, info: VideoInfo) -> int:
+    """Decode the first frame (bounded to the header's size) and return its display
+    rotation (counter-clockwise degrees, a multiple of 90; 0 when there is none).
+
+    Raises:
+        InvalidVideoError: ``corrupt_video``: the first frame cannot be decoded
+            within the header's size, or has another size.
+    """
     av = pyav()
 
+    decode_bound(stream, info.width, info.height)
     try:
         for frame in container.decode(stream):
+            _check_frame_size(frame, 0, info)
             r = round(float(frame.rotation or 0) / 90.0) * 90
             return r % 360
-    except av.error.FFmpegError:
-        return 0
+    except av.error.FFmpegError as exc:
+        raise InvalidVideoError(f"the first frame cannot be decoded within the header's "
+                                f"{info.width}x{info.height}: {exc}",
+                                code="corrupt_video") from None
     return 0
+
+
+def _check_frame_size(frame: Any, index: int, info: VideoInfo) -> None:
+    if frame.width != info.width or frame.height != info.height:
+        raise InvalidVideoError(f"frame {index} is {frame.width}x{frame.height}, the header "
+                                f"says {info.width}x{info.height}", code="corrupt_video")
+
+
+def _count(path: Path, limits: VideoLimits) -> tuple[int, float]:
+    """(video packets, seconds from the first to past the last) of ``path``'s first
+    video stream, demuxed without decoding; the count stops past ``max_frames``."""
+    av = pyav()
+
+    with contextlib.closing(_open(path, _probe_pixels(limits))) as c:
+        v = c.streams.video[0]
+        tb = Fraction(v.time_base or Fraction(1, 90000))
+        step = 1 / float(v.average_rate or v.guessed_rate or v.base_rate or 1)
+        n, first, last = 0, math.inf, -math.inf
+        try:
+            for packet in c.demux(v):
+                if packet.size == 0:  # the demuxer's end-of-stream packet
+                    continue
+                n += 1
+                if packet.pts is not None:
+                    t = float(packet.pts * tb)
+                    first, last = min(first, t), max(last, t)
+                if n > limits.max_frames:
+                    break
+        except av.error.FFmpegError:
+            pass  # a truncated tail: counted up to it, the reader stops there too
+    span = last - first + step if last >= first else n * step
+    return n, span
 
 
 def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
@@ -180,7 +254,7 @@ def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
     if size > limits.max_bytes:
         raise VideoTooLargeError(f"the clip is {size} bytes; the limit is {limits.max_bytes}",
                                  code="video_too_large")
-    with contextlib.closing(_open(path)) as c:
+    with contextlib.closing(_open(path, _probe_pixels(limits))) as c:
         if not c.streams.video:
             raise InvalidVideoError("the file has no video stream", code="no_video_stream")
         if c.format.name == "image2" or c.format.name.endswith("_pipe"):
@@ -198,13 +272,26 @@ def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
             duration = 0.0
         audio = c.streams.audio[0].codec_context.name if c.streams.audio else None
         width, height = int(cc.width or 0), int(cc.height or 0)
-        if width <= 0 or height <= 0 or fps <= 0:
-            raise InvalidVideoError("the video stream has no frame size or rate",
-                                    code="corrupt_video")
+        if width <= 0 or height <= 0:
+            # FFmpeg's probe forgets the size of a frame it was not allowed to decode.
+            side = max(limits.max_side, PROBE_MAX_SIDE)
+            raise VideoTooLargeError(
+                f"the clip's frame size cannot be read from frames of at most {side}x{side} "
+                f"pixels; the longer side may be at most {limits.max_side}",
+                code="video_resolution_too_high")
+        if fps <= 0:
+            raise InvalidVideoError("the video stream has no frame rate", code="corrupt_video")
         info = VideoInfo(width, height, 0, fps, tb, int(v.frames or 0), duration, cc.name,
                          audio, int(cc.colorspace or 0), int(cc.color_range or 0), size)
         _check_limits(info, limits)
-        rotation = _rotation(c, v)
+        rotation = _first_frame(c, v, info)
+    if not info.frames:
+        # No count in the header (a live-written Matroska, a raw stream): count the
+        # packets rather than trust a duration that may be missing.
+        frames, span = _count(path, limits)
+        info = VideoInfo(**{**info.__dict__, "frames": frames,
+                            "duration_s": max(info.duration_s, span)})
+        _check_limits(info, limits)
     return VideoInfo(**{**info.__dict__, "rotation": rotation})
 
 
@@ -248,10 +335,12 @@ class VideoReader:
         av = pyav()
 
         info = self.info
+        limits = self.limits
         matrix, rng = conversion(info)
         turns = info.rotation // 90
-        with contextlib.closing(_open(self.path)) as c:
+        with contextlib.closing(_open(self.path, _probe_pixels(limits))) as c:
             v = c.streams.video[0]
+            decode_bound(v, info.width, info.height)
             v.thread_type = "AUTO"
             streams = [v] + ([c.streams.audio[0]] if c.streams.audio else [])
             audio = streams[1] if len(streams) > 1 else None
@@ -264,27 +353,26 @@ class VideoReader:
                             yield AudioPacket(packet)
                         continue
                     for frame in packet.decode():
-                        if frame.width != info.width or frame.height != info.height:
-                            raise InvalidVideoError(
-                                f"frame {index} is {frame.width}x{frame.height}, the header "
-                                f"says {info.width}x{info.height}", code="corrupt_video")
-                        if index >= self.limits.max_frames:
+                        _check_frame_size(frame, index, info)
+                        pts = frame.pts
+                        t = (float((pts - start) * info.time_base) if pts is not None
+                             else index / float(info.fps))
+                        if index >= limits.max_frames or t > limits.max_duration_s:
                             raise VideoTooLargeError(
-                                f"the clip has more than {self.limits.max_frames} frames",
-                                code="video_too_long")
+                                f"the clip has more than {limits.max_frames} frames or lasts "
+                                f"more than {limits.max_duration_s:g} s (frame {index} at "
+                                f"{t:.1f} s)", code="video_too_long")
                         rgb = frame.reformat(format="rgb24", src_colorspace=matrix,
                                              src_color_range=rng).to_ndarray()
                         if turns:
                             rgb = np.ascontiguousarray(np.rot90(rgb, turns))
-                        pts = frame.pts
-                        t = (float((pts - start) * info.time_base) if pts is not None
-                             else index / float(info.fps))
                         reusable = (not turns and frame.format.name in _REUSABLE
                                     and frame.width % 2 == 0 and frame.height % 2 == 0)
                         yield Frame(index, pts, t, rgb, frame if reusable else None)
                         index += 1
             except av.error.FFmpegError as exc:
-                raise InvalidVideoError(f"frame {index} cannot be decoded: {exc}",
+                raise InvalidVideoError(f"frame {index} cannot be decoded within the header's "
+                                        f"{info.width}x{info.height}: {exc}",
                                         code="corrupt_video") from None
             if index == 0:
                 raise InvalidVideoError("the clip has no decodable frame", code="corrupt_video")
