@@ -235,6 +235,26 @@ class Settings:
     #: the queue for another, seconds.
     jobs_heartbeat_s: float = 30.0
 
+    # --- live sessions over WebRTC (see docs/live.md) ------------------------------------
+    #: Live sessions one process runs at once (beyond: 503 ``live_full`` + Retry-After);
+    #: each takes about one core at 640x480 (see BENCHMARKS.md).
+    live_max_sessions: int = 2
+    #: A session whose camera sent no frame for this long is closed, with everything
+    #: it holds (a client that vanished, a connection that never came up), seconds.
+    live_idle_s: float = 5.0
+    #: WHEP viewers one session may have at once.
+    live_max_viewers: int = 4
+    #: Camera frames whose longer side is over this are fused scaled down, pixels.
+    live_max_side: int = 1280
+    #: Frames of one session rendered at once (2: the render of one overlaps the
+    #: tracking and render of the next; more throughput on idle cores, more latency).
+    live_render_threads: int = 1
+    #: The server side's STUN / TURN servers (``turn:turn.example.org:3478``, comma
+    #: separated); also sent to clients as ``Link: <...>; rel="ice-server"`` headers.
+    live_ice_servers: tuple[str, ...] = ()
+    live_ice_username: str = field(default="", repr=False)
+    live_ice_credential: str = field(default="", repr=False)
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -351,6 +371,12 @@ class Settings:
             (s.jobs_max_queued >= 1 and s.jobs_ttl_s >= 1 and s.jobs_timeout_s >= 1
              and s.jobs_max_tries >= 1 and s.jobs_heartbeat_s >= 1,
              "jobs_* settings must be >= 1"),
+            (s.live_max_sessions >= 0 and s.live_max_viewers >= 0 and s.live_idle_s > 0,
+             "live_max_sessions and live_max_viewers must be >= 0, live_idle_s > 0"),
+            (s.live_max_side >= 64 and 1 <= s.live_render_threads <= 8,
+             "live_max_side must be >= 64 and live_render_threads in 1..8"),
+            (all(u.startswith(("stun:", "turn:", "turns:")) for u in s.live_ice_servers),
+             "live_ice_servers are stun:, turn: or turns: URLs"),
             (not s.templates_redis_url or s.templates_redis_url.startswith(
                 ("redis://", "rediss://", "unix://")),
              "templates_redis_url must start with redis://, rediss:// or unix://"),

@@ -113,28 +113,22 @@ def check_offer(sdp: str | bytes) -> Offer:
         BadRequestError: ``malformed_offer``.
         InvalidOfferError: ``offer_without_video``, ``unsupported_codec``.
     """
-    offer = parse(sdp)
-    videos = [m for m in offer.media if m.kind == "video" and not m.rejected]
-    if not any(m.direction in ("sendrecv", "sendonly") for m in videos):
-        raise InvalidOfferError("the offer sends no video: add a camera track (sendrecv, or "
-                                "sendonly to watch through a viewer)",
-                                code="offer_without_video")
-    _check_codecs(videos)
-    return offer
+    return _checked(sdp, ("sendrecv", "sendonly"),
+                    "the offer sends no video: add a camera track (sendrecv, or sendonly "
+                    "to watch through a viewer)")
 
 
 def check_viewer_offer(sdp: str | bytes) -> Offer:
-    """A viewer's offer: it must receive video.
+    """A viewer's offer: it must receive video (errors as :func:`check_offer`'s)."""
+    return _checked(sdp, ("sendrecv", "recvonly"),
+                    "a viewer's offer must receive video (recvonly)")
 
-    Raises:
-        BadRequestError: ``malformed_offer``.
-        InvalidOfferError: ``offer_without_video``, ``unsupported_codec``.
-    """
+
+def _checked(sdp: str | bytes, directions: tuple[str, ...], no_video: str) -> Offer:
     offer = parse(sdp)
     videos = [m for m in offer.media if m.kind == "video" and not m.rejected]
-    if not any(m.direction in ("sendrecv", "recvonly") for m in videos):
-        raise InvalidOfferError("a viewer's offer must receive video (recvonly)",
-                                code="offer_without_video")
+    if not any(m.direction in directions for m in videos):
+        raise InvalidOfferError(no_video, code="offer_without_video")
     _check_codecs(videos)
     return offer
 

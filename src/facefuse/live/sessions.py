@@ -66,12 +66,14 @@ class LiveSessions:
         reap_every_s: how often that is checked.
         max_viewers: viewers per session.
         max_side: frames larger than this (longer side, pixels) are fused scaled down.
+        render_threads: frames of one session rendered at once.
         ice_urls, ice_username, ice_credential: the server side's STUN / TURN servers.
         observer: the metrics.
     """
 
     def __init__(self, *, max_sessions: int, idle_s: float, reap_every_s: float = 1.0,
-                 max_viewers: int = 4, max_side: int = 1280, ice_urls: tuple[str, ...] = (),
+                 max_viewers: int = 4, max_side: int = 1280, render_threads: int = 1,
+                 ice_urls: tuple[str, ...] = (),
                  ice_username: str = "", ice_credential: str = "",
                  observer: SessionsObserver | None = None) -> None:
         self.max_sessions = max_sessions
@@ -79,6 +81,7 @@ class LiveSessions:
         self.reap_every_s = reap_every_s
         self.max_viewers = max_viewers
         self.max_side = max_side
+        self.render_threads = render_threads
         self._ice = (ice_urls, ice_username, ice_credential)
         self._observer = observer
         self._sessions: dict[str, LiveSession] = {}
@@ -91,6 +94,21 @@ class LiveSessions:
         """Sessions open now (those being set up included)."""
         return len(self._sessions) + self._starting
 
+    def check_room(self) -> None:
+        """Raise what :meth:`create` would for want of room (or of aiortc), before any
+        work.
+
+        Raises:
+            LiveUnavailableError: no aiortc / PyAV here.
+            OverloadedError: ``live_full`` at ``max_sessions`` (or while shutting down).
+        """
+        if not available():
+            raise LiveUnavailableError("live sessions need aiortc and PyAV, which this "
+                                       "install lacks (run the worker image)")
+        if self._closing or self.count >= self.max_sessions:
+            raise OverloadedError(f"this server runs its {self.max_sessions} live sessions; "
+                                  "retry later or on another replica", code="live_full")
+
     async def create(self, owner: str, offer: Offer, make_state: Callable[[], ClipFusion], *,
                      updater: Updater | None = None,
                      describe: dict[str, Any] | None = None) -> tuple[LiveSession, str]:
@@ -102,12 +120,7 @@ class LiveSessions:
             OverloadedError: ``live_full`` at ``max_sessions`` (or while shutting down).
             FacefuseError: whatever ``make_state`` raises (a bad source: typed).
         """
-        if not available():
-            raise LiveUnavailableError("live sessions need aiortc and PyAV, which this "
-                                       "install lacks (run the worker image)")
-        if self._closing or self.count >= self.max_sessions:
-            raise OverloadedError(f"this server runs its {self.max_sessions} live sessions; "
-                                  "retry later or on another replica", code="live_full")
+        self.check_room()
         from facefuse.live.session import LiveSession, ice_configuration
 
         self._starting += 1
@@ -115,6 +128,7 @@ class LiveSessions:
             state = await asyncio.get_running_loop().run_in_executor(None, make_state)
             session = LiveSession(owner, state, observer=self._observer,
                                   config=ice_configuration(*self._ice), max_side=self.max_side,
+                                  render_threads=self.render_threads,
                                   max_viewers=self.max_viewers, updater=updater,
                                   describe=describe)
             try:

@@ -40,6 +40,8 @@ from facefuse.serving.pipeline import Pipeline
 from facefuse.serving.playground import install_playground
 from facefuse.serving.routes import router
 from facefuse.serving.routes_jobs import router as jobs_router
+from facefuse.serving.routes_live import live_sessions
+from facefuse.serving.routes_live import router as live_router
 from facefuse.serving.routes_templates import router as product_router
 from facefuse.serving.security import ApiKeys, BodyLimitMiddleware
 from facefuse.serving.state import Services
@@ -161,6 +163,8 @@ def _lifespan(
             yield
         finally:
             svc.draining = True
+            if svc.live is not None:
+                await svc.live.close_all()
             trimmer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await trimmer
@@ -211,11 +215,13 @@ def create_app(
                    budget=MemoryBudget(request_pool_bytes(settings), settings.memory_wait_s))
     svc.metrics.register_cache("l2", svc.l2)
     svc.metrics.templates = svc.templates
+    svc.live = live_sessions(settings, svc.metrics)
     app = FastAPI(title="facefuse", version=__version__, description=DESCRIPTION,
                   lifespan=_lifespan(registry))
     app.state.services = svc
     app.include_router(router)
     app.include_router(product_router)
+    app.include_router(live_router)
     if settings.jobs_redis_url:  # jobs live in Redis: without it the routes do not exist
         app.include_router(jobs_router)
     install_playground(app)
@@ -226,15 +232,13 @@ def create_app(
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "DELETE"],
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "X-Request-ID",
                            "X-Facefuse-Timeout"],
             expose_headers=["X-Request-ID", "X-Facefuse-Cache",
                             "X-Facefuse-Identity-Similarity", "X-Facefuse-Skipped-Faces",
-                            "Server-Timing", "Retry-After"],
+                            "Server-Timing", "Retry-After", "Location", "Link"],
             max_age=600,
         )
     app.add_middleware(RequestContextMiddleware, services=svc)
     return app
-
-

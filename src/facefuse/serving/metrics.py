@@ -26,6 +26,14 @@ Exported series (names operators already know from Triton / Ray Serve):
   acknowledged (never evicts, persists), 0 when not, at its last health check
 * ``facefuse_template_store_incidents_total{kind}`` — templates ``lost`` (record gone,
   store wiped) or ``damaged`` (quarantined), seen by this process
+* ``facefuse_live_sessions`` — live sessions open now, all workers: the live
+  deployment's scaling signal
+* ``facefuse_live_frames_total{kind}`` — live camera frames ``in`` (received), ``out``
+  (fused and sent), ``dropped`` (never fused: a newer frame came first)
+* ``facefuse_live_frame_latency_seconds`` — a live frame's time from received to
+  its fused frame handed to the encoder
+* ``facefuse_live_sessions_ended_total{reason}`` — ``deleted``, ``idle``,
+  ``disconnected``, ``camera_ended``, ``shutdown``, ``failed``, ``closed``
 * ``facefuse_process_resident_memory_bytes`` — VmRSS, read at scrape time
 * ``facefuse_process_peak_resident_memory_bytes`` — VmHWM (peak RSS), read at scrape time
 * ``facefuse_model_info{name,version,precision,provider}`` — 1 per model the stages
@@ -63,6 +71,7 @@ from facefuse.serving.cache.lru import CacheStats
 __all__ = [
     "BATCH_SIZE_BUCKETS",
     "LATENCY_BUCKETS",
+    "LIVE_LATENCY_BUCKETS",
     "MULTIPROC_DIR_ENV",
     "QUEUE_WAIT_BUCKETS",
     "STAGES",
@@ -81,6 +90,10 @@ STAGES = ("decode", "detect", "mesh", "embed", "fuse", "encode")
 #: Request and stage latency buckets, seconds (1 ms .. 10 s).
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+#: Live frame latency buckets, seconds (5 ms .. 2 s).
+LIVE_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
 )  # fmt: skip
 #: Items per batch (upper bounds; ``le="8"`` counts batches of 1..8).
 BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
@@ -281,6 +294,19 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.live_sessions = self._live_sum(
+            "facefuse_live_sessions", "Live sessions open now: scale the live deployment on this.")
+        self.live_frames = Counter(
+            "facefuse_live_frames",
+            "Live camera frames: in (received), out (fused, sent), dropped (a newer came first).",
+            ["kind"], registry=r)
+        self.live_latency = Histogram(
+            "facefuse_live_frame_latency_seconds",
+            "Live frame received -> its fused frame handed to the encoder, seconds.",
+            buckets=LIVE_LATENCY_BUCKETS, registry=r)
+        self.live_ended = Counter(
+            "facefuse_live_sessions_ended", "Live sessions ended, by reason.", ["reason"],
+            registry=r)
         self._depths: dict[str, int] = {}
         #: The template store whose health and incidents are exported (None: none).
         self.templates: HasTemplateHealth | None = None
@@ -328,6 +354,21 @@ class Metrics:
             total = sum(self._depths.values())
         self.queue_depth_per_model.labels(model).set(depth)
         self.queue_depth.set(total)
+
+    # --- live sessions (facefuse.live's observer) -----------------------------------
+
+    def observe_live_frame(self, kind: str, count: int = 1) -> None:
+        """Live frames ``in``, ``out`` or ``dropped``."""
+        self.live_frames.labels(kind).inc(count)
+
+    def observe_live_latency(self, seconds: float) -> None:
+        self.live_latency.observe(seconds)
+
+    def set_live_sessions(self, count: int) -> None:
+        self.live_sessions.set(count)
+
+    def observe_live_ended(self, reason: str) -> None:
+        self.live_ended.labels(reason).inc()
 
     # --- caches and models -----------------------------------------------------------
 

@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from facefuse.config import Settings
 from facefuse.errors import ModelError
+from facefuse.live.sessions import LiveSessions, LiveSources
 from facefuse.serving.budget import MemoryBudget
 from facefuse.serving.cache.results import ResultCache
 from facefuse.serving.metrics import Metrics
@@ -78,6 +79,9 @@ class Services:
     templates: TemplateStore | None = None
     #: The memory budget that request bodies and decoded pixels reserve from.
     budget: MemoryBudget | None = None
+    #: The live sessions (WebRTC) of this process, and the sources uploaded for them.
+    live: LiveSessions | None = None
+    live_sources: LiveSources = field(default_factory=LiveSources)
     #: True once shutdown began: /readyz answers 503, new /v1 requests are refused.
     draining: bool = False
     last_reload: ReloadStatus = field(default_factory=ReloadStatus)
