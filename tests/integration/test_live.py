@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import yaml
 from aiortc import AudioStreamTrack, RTCPeerConnection
 from live_client import LiveClient
 from PIL import Image
@@ -364,3 +368,32 @@ async def test_a_client_that_vanishes_is_reaped_with_its_sockets(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "facefuse-live.json"
+
+
+async def test_the_live_dashboard_reads_metrics_the_server_exports(
+        server: ServerProcess, tmp_path: Path) -> None:
+    """Every expression of the live Grafana dashboard parses (promtool) and names only
+    series a server that ran sessions exports (this module's earlier tests ran some)."""
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"].replace("$__rate_interval", "1m")
+             for p in board["panels"] for t in p["targets"]]
+    assert exprs
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+        exported = (await c.get("/metrics")).text
+    names = {line.split("{")[0].split(" ")[0] for line in exported.splitlines()
+             if line and not line.startswith("#")}
+    for expr in exprs:
+        for name in re.findall(r"\bfacefuse_[a-z_]+", expr):
+            assert name in names, (name, expr)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool missing: run scripts/install-system-deps.sh")
+    rules = tmp_path / "exprs.yml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:expr{i}", "expr": e} for i, e in enumerate(exprs)]}]}))
+    proc = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -91,6 +91,9 @@ STAGES = ("decode", "detect", "mesh", "embed", "fuse", "encode")
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+#: Why live sessions end (``facefuse_live_sessions_ended_total{reason}``).
+LIVE_END_REASONS = ("deleted", "idle", "disconnected", "camera_ended", "shutdown", "failed",
+                    "closed")
 #: Live frame latency buckets, seconds (5 ms .. 2 s).
 LIVE_LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
@@ -307,6 +310,10 @@ class Metrics:
         self.live_ended = Counter(
             "facefuse_live_sessions_ended", "Live sessions ended, by reason.", ["reason"],
             registry=r)
+        for kind in ("in", "out", "dropped"):  # every series there from the start, at 0
+            self.live_frames.labels(kind)
+        for reason in LIVE_END_REASONS:
+            self.live_ended.labels(reason)
         self._depths: dict[str, int] = {}
         #: The template store whose health and incidents are exported (None: none).
         self.templates: HasTemplateHealth | None = None
