@@ -222,8 +222,10 @@ class Settings:
     video_max_side: int = 1920
     video_max_fps: float = 60.0
     video_max_frames: int = 18_000
-    #: Jobs waiting in the queue beyond which ``POST /v1/jobs`` answers 503 + Retry-After.
+    #: Jobs one API key may have waiting in the queue beyond which its ``POST /v1/jobs``
+    #: answers 503 ``queue_full`` + Retry-After; and the bound over every key's.
     jobs_max_queued: int = 32
+    jobs_max_queued_total: int = 256
     #: How long a finished job (status and result) is kept, seconds.
     jobs_ttl_s: int = 24 * 3600
     #: Longest a job may run, seconds; a worker that dies mid-job has its job retried
@@ -368,8 +370,8 @@ class Settings:
             (s.video_max_bytes > 0 and s.video_max_duration_s > 0 and s.video_max_side >= 16
              and s.video_max_fps > 0 and s.video_max_frames >= 1,
              "video limits must be positive (video_max_side >= 16)"),
-            (s.jobs_max_queued >= 1 and s.jobs_ttl_s >= 1 and s.jobs_timeout_s >= 1
-             and s.jobs_max_tries >= 1 and s.jobs_heartbeat_s >= 1,
+            (s.jobs_max_queued >= 1 and s.jobs_max_queued_total >= 1 and s.jobs_ttl_s >= 1
+             and s.jobs_timeout_s >= 1 and s.jobs_max_tries >= 1 and s.jobs_heartbeat_s >= 1,
              "jobs_* settings must be >= 1"),
             (s.live_max_sessions >= 0 and s.live_max_viewers >= 0 and s.live_idle_s > 0,
              "live_max_sessions and live_max_viewers must be >= 0, live_idle_s > 0"),

@@ -11,9 +11,12 @@ What each part keeps:
   the queue by the broker's maintenance, for another worker.
 * :class:`JobStore` owns the job as the API shows it, under ``facefuse:job:<id>``:
   a hash (owner, state, progress, error, report), the uploaded files and the
-  result, all expiring after ``jobs_ttl_s``; a sorted set of queued job ids (its
-  size bounds the queue, its oldest score is the queue's age); an
-  ``Idempotency-Key`` index per owner.
+  result, all expiring after ``jobs_ttl_s``; sorted sets of queued job ids, one per
+  owner (its size bounds that owner's share of the queue, ``jobs_max_queued``) and
+  one over every owner (``jobs_max_queued_total``; its oldest score is the queue's
+  age); an ``Idempotency-Key`` index per owner. An id whose record expired leaves
+  the sets: at its claim, and by age (a queued score older than the TTL is an
+  expired record) whenever a job is created.
 
 State machine: ``queued`` → ``running`` → ``succeeded`` | ``failed``, and
 ``cancelled`` from ``queued`` or ``running``. Exactly one result: the result is
@@ -49,46 +52,71 @@ NAMESPACE = "facefuse-dramatiq"
 ACTOR = "fuse_job"
 _P = "facefuse:job:"
 _QUEUED = "facefuse:jobs:queued"
+#: The queued set of one owner: this prefix and the owner.
+_OWNER_QUEUED = "facefuse:jobs:queued:"
 
+# The scripts below find an owner's queued set from the record's owner field: a
+# single Redis, not a Cluster (as the replayed job's hash, named from a key's value).
+# Leaving both queued sets: ARGV[n] the job id, the owner sets' prefix.
+_UNQUEUE = """
+local function unqueue(job, id, prefix, all)
+  redis.call('zrem', all, id)
+  local owner = redis.call('hget', job, 'owner')
+  if owner then redis.call('zrem', prefix .. owner, id) end
+end
+"""
 # Admission, in one step: an idempotency key that names a job still there returns it;
-# a full queue refuses; else the files, the record, its place in the queue and the
-# idempotency key are written together. Atomic, so two simultaneous first requests
-# with one key make one job (the second sees the first's key and job). KEYS: the job
-# hash, the queued set, the idempotency key (the job hash again when there is none),
-# the file keys. ARGV: max queued, now, ttl, the record's fields (JSON), the job id,
-# the job key prefix, the files' bytes (in KEYS order). A single Redis, not a Cluster
-# (the replayed job's hash is named from the key's value).
+# ids whose records expired leave the queued sets (by age: a score older than the TTL);
+# a full queue (the owner's, then everyone's) refuses; else the files, the record, its
+# place in both queued sets and the idempotency key are written together. Atomic, so
+# two simultaneous first requests with one key make one job (the second sees the
+# first's key and job). KEYS: the job hash, the queued set, the idempotency key (the
+# job hash again when there is none), the owner's queued set, the file keys. ARGV: max
+# queued for the owner, max queued in all, now, ttl, the record's fields (JSON), the
+# job id, the job key prefix, the files' bytes (in KEYS order).
 _CREATE = """
 local idem = KEYS[3] ~= KEYS[1]
 if idem then
   local existing = redis.call('get', KEYS[3])
-  if existing and redis.call('exists', ARGV[6] .. existing) == 1 then
+  if existing and redis.call('exists', ARGV[7] .. existing) == 1 then
     return {0, existing}
   end
 end
-if redis.call('zcard', KEYS[2]) >= tonumber(ARGV[1]) then return {-1, ''} end
-for i = 4, #KEYS do redis.call('set', KEYS[i], ARGV[i + 3], 'EX', ARGV[3]) end
-redis.call('hset', KEYS[1], unpack(cjson.decode(ARGV[4])))
-redis.call('expire', KEYS[1], ARGV[3])
-redis.call('zadd', KEYS[2], ARGV[2], ARGV[5])
-if idem then redis.call('set', KEYS[3], ARGV[5], 'EX', ARGV[3]) end
-return {1, ARGV[5]}
+local stale = tonumber(ARGV[3]) - tonumber(ARGV[4])
+redis.call('zremrangebyscore', KEYS[2], '-inf', stale)
+redis.call('zremrangebyscore', KEYS[4], '-inf', stale)
+if redis.call('zcard', KEYS[4]) >= tonumber(ARGV[1]) then return {-1, ''} end
+if redis.call('zcard', KEYS[2]) >= tonumber(ARGV[2]) then return {-2, ''} end
+for i = 5, #KEYS do redis.call('set', KEYS[i], ARGV[i + 3], 'EX', ARGV[4]) end
+redis.call('hset', KEYS[1], unpack(cjson.decode(ARGV[5])))
+redis.call('expire', KEYS[1], ARGV[4])
+redis.call('zadd', KEYS[2], ARGV[3], ARGV[6])
+redis.call('zadd', KEYS[4], ARGV[3], ARGV[6])
+redis.call('expire', KEYS[4], ARGV[4])
+if idem then redis.call('set', KEYS[3], ARGV[6], 'EX', ARGV[4]) end
+return {1, ARGV[6]}
 """
-# Claim by an attempt: only a queued or running (a retried attempt) job.
-_CLAIM = """
+# Claim by an attempt: only a queued or running (a retried attempt) job. The id leaves
+# the queued sets whatever its state, an expired record's too (its message is the
+# last thing that names it).
+_CLAIM = _UNQUEUE + """
+unqueue(KEYS[1], ARGV[3], ARGV[4], KEYS[2])
 local s = redis.call('hget', KEYS[1], 'state')
 if s ~= 'queued' and s ~= 'running' then return false end
 redis.call('hset', KEYS[1], 'state', 'running', 'started', ARGV[1], 'worker', ARGV[2],
            'frames_done', 0, 'fps', 0)
-redis.call('zrem', KEYS[2], ARGV[3])
 return redis.call('hincrby', KEYS[1], 'attempts', 1)
 """
-# Finish: the first attempt to store a result wins; the state follows it.
+# Finish: the first attempt to store a result wins; the state follows it, and the
+# progress its frame count (the last progress write may have missed Redis).
 _FINISH = """
 if redis.call('hget', KEYS[1], 'state') ~= 'running' then return 0 end
 if redis.call('set', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) == false then return 0 end
 redis.call('hset', KEYS[1], 'state', 'succeeded', 'finished', ARGV[3], 'report', ARGV[4],
            'result_bytes', string.len(ARGV[1]))
+if ARGV[5] ~= '' then
+  redis.call('hset', KEYS[1], 'frames_done', ARGV[5], 'frames_total', ARGV[5])
+end
 redis.call('expire', KEYS[1], ARGV[2])
 return 1
 """
@@ -97,15 +125,16 @@ _REQUEUE = """
 if redis.call('hget', KEYS[1], 'state') ~= 'running' then return 0 end
 redis.call('hset', KEYS[1], 'state', 'queued', 'frames_done', 0, 'fps', 0)
 redis.call('zadd', KEYS[2], ARGV[1], ARGV[2])
+redis.call('zadd', ARGV[3] .. redis.call('hget', KEYS[1], 'owner'), ARGV[1], ARGV[2])
 return 1
 """
 # Move to a final state unless already final.
-_END = """
+_END = _UNQUEUE + """
 local s = redis.call('hget', KEYS[1], 'state')
 if not s or s == 'succeeded' or s == 'failed' or s == 'cancelled' then return 0 end
 redis.call('hset', KEYS[1], 'state', ARGV[1], 'finished', ARGV[2], 'error_code', ARGV[3],
            'error_message', ARGV[4])
-redis.call('zrem', KEYS[2], ARGV[5])
+unqueue(KEYS[1], ARGV[5], ARGV[6], KEYS[2])
 return 1
 """
 
@@ -245,7 +274,9 @@ class JobStore:
         message (:meth:`enqueue`).
 
         Raises:
-            OverloadedError: ``queue_full`` (503 + Retry-After).
+            OverloadedError: ``queue_full`` (503 + Retry-After): ``owner`` has
+                ``jobs_max_queued`` jobs queued, or every owner together
+                ``jobs_max_queued_total``.
         """
         job_id = new_job_id()
         idem = f"facefuse:idem:{owner}:{idempotency_key}" if idempotency_key else _P + job_id
@@ -255,16 +286,22 @@ class JobStore:
             "options", json.dumps(dict(options)), "attempts", 0,
             "frames_total", frames_total, "files", ",".join(files))]
         names = list(files)
+        s = self.settings
         status, got = self._create(
-            keys=[_P + job_id, _QUEUED, idem, *(f"{_P}{job_id}:in:{n}" for n in names)],
-            args=[self.settings.jobs_max_queued, now, self.ttl, json.dumps(fields), job_id,
-                  _P, *(files[n] for n in names)])
+            keys=[_P + job_id, _QUEUED, idem, _OWNER_QUEUED + owner,
+                  *(f"{_P}{job_id}:in:{n}" for n in names)],
+            args=[s.jobs_max_queued, s.jobs_max_queued_total, now, self.ttl,
+                  json.dumps(fields), job_id, _P, *(files[n] for n in names)])
         if int(status) == 0:
             return bytes(got).decode(), False
+        if int(status) == -1:
+            raise OverloadedError(
+                f"this key has {s.jobs_max_queued} jobs waiting, its most; retry later",
+                code="queue_full")
         if int(status) < 0:
             raise OverloadedError(
-                f"the job queue is full ({self.settings.jobs_max_queued} waiting); retry "
-                "later", code="queue_full")
+                f"the job queue is full ({s.jobs_max_queued_total} waiting); retry later",
+                code="queue_full")
         return job_id, True
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord:
@@ -291,7 +328,7 @@ class JobStore:
         self.r.set(f"{_P}{job_id}:cancel", b"1", ex=self.ttl)
         done = bool(self._end(keys=[_P + job_id, _QUEUED],
                               args=["cancelled", time.time(), "cancelled",
-                                    "cancelled by the client", job_id]))
+                                    "cancelled by the client", job_id, _OWNER_QUEUED]))
         if done:
             self._drop_files(job_id, self._files(job_id))
         return done
@@ -301,7 +338,9 @@ class JobStore:
         self.r.delete(_P + job_id, f"{_P}{job_id}:result", f"{_P}{job_id}:cancel")
 
     def queue_stats(self) -> tuple[int, float]:
-        """(jobs queued, age of the oldest in seconds)."""
+        """(jobs queued, age of the oldest in seconds); ids whose records expired are
+        dropped first."""
+        self.r.zremrangebyscore(_QUEUED, "-inf", time.time() - self.ttl)
         n = int(self.r.zcard(_QUEUED))
         oldest = self.r.zrange(_QUEUED, 0, 0, withscores=True)
         age = time.time() - float(oldest[0][1]) if oldest else 0.0
@@ -311,7 +350,8 @@ class JobStore:
 
     def claim(self, job_id: str, worker: str) -> int | None:
         """Start an attempt: the attempt number, or None when the job is gone or over."""
-        n = self._claim(keys=[_P + job_id, _QUEUED], args=[time.time(), worker, job_id])
+        n = self._claim(keys=[_P + job_id, _QUEUED],
+                        args=[time.time(), worker, job_id, _OWNER_QUEUED])
         return int(n) if n is not None else None
 
     def files(self, job_id: str) -> dict[str, bytes]:
@@ -333,15 +373,18 @@ class JobStore:
                report: Mapping[str, Any]) -> bool:
         """Store the result; True when this attempt's is the one (exactly one)."""
         self.r.hset(_P + job_id, "result_type", content_type)
+        frames = report.get("frames")
         won = bool(self._finish(keys=[_P + job_id, f"{_P}{job_id}:result"],
-                                args=[data, self.ttl, time.time(), json.dumps(dict(report))]))
+                                args=[data, self.ttl, time.time(), json.dumps(dict(report)),
+                                      "" if frames is None else int(frames)]))
         if won:
             self._drop_files(job_id, self._files(job_id))
         return won
 
     def fail(self, job_id: str, code: str, message: str) -> bool:
         done = bool(self._end(keys=[_P + job_id, _QUEUED],
-                              args=["failed", time.time(), code, message[:500], job_id]))
+                              args=["failed", time.time(), code, message[:500], job_id,
+                                    _OWNER_QUEUED]))
         if done:
             self._drop_files(job_id, self._files(job_id))
         return done
@@ -349,7 +392,8 @@ class JobStore:
     def requeue(self, job_id: str) -> bool:
         """Back to queued (a worker shutting down hands its job on); atomic, and only
         from ``running``: False when the job had ended meanwhile."""
-        return bool(self._requeue(keys=[_P + job_id, _QUEUED], args=[time.time(), job_id]))
+        return bool(self._requeue(keys=[_P + job_id, _QUEUED],
+                                  args=[time.time(), job_id, _OWNER_QUEUED]))
 
     # ---- helpers ---------------------------------------------------------------------------
 
