@@ -332,6 +332,18 @@ def check_header(data: bytes, limits: DecodeLimits) -> ImageInfo:
     return info
 
 
+def check_encoded(data: bytes, limits: DecodeLimits) -> ImageInfo:
+    """Everything :func:`decode_image` checks of encoded bytes before it decodes a
+    pixel: the byte count, the format allow-list, the header, the pixel limits and
+    that the file is whole (its end is there). For a door that keeps images to
+    decode later (a queued job) with the typed errors a decode would give.
+    """
+    _check_bytes(len(data), limits)
+    info = check_header(data, limits)
+    _check_complete(data, info.format)
+    return info
+
+
 def _check_complete(data: bytes, fmt: ImageFormat) -> None:
     """Refuse files whose end is missing (Pillow alone lets some of these through)."""
     if fmt == "jpeg":

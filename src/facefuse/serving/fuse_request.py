@@ -8,19 +8,21 @@ optional ``reference``, and ``target`` where the route takes one. Options:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 
-from facefuse.errors import InvalidArgumentError
+from facefuse.errors import InvalidArgumentError, MappingError
 from facefuse.fusion.mapping import MAX_MAPPINGS, FacePair, parse_mapping
 from facefuse.fusion.types import FuseOptions
 from facefuse.serving.cache.keys import sha256_hex
 from facefuse.serving.inputs import read_request, validate_params
 from facefuse.serving.schemas import FuseParams
 
-__all__ = ["SOURCE_FIELDS", "FuseRequest", "read_fuse_request"]
+__all__ = ["SOURCE_FIELDS", "FuseRequest", "check_reference", "numbered_sources",
+           "read_fuse_request", "request_mapping"]
 
 #: The source image fields, in mapping index order.
 SOURCE_FIELDS: tuple[str, ...] = ("source", *(f"source_{i}" for i in range(1, MAX_MAPPINGS)))
@@ -62,6 +64,20 @@ async def read_fuse_request(request: Request, *, target: bool = True) -> FuseReq
     images, fields = await read_request(request, required, (*SOURCE_FIELDS[1:], "reference"))
     params = validate_params(FuseParams, fields)
     options = params.options()
+    sources = numbered_sources(images)
+    mapping = request_mapping(params.mapping, len(sources))
+    reference = images.get("reference")
+    check_reference(options.mode, reference, mapping)
+    return FuseRequest(sources, images.get("target"), reference, params, options, mapping)
+
+
+def numbered_sources(images: Mapping[str, bytes]) -> list[bytes]:
+    """``source``, ``source_1``, … of a request's images, in mapping index order.
+
+    Raises:
+        InvalidArgumentError: a source numbered after a gap (``source_2`` without
+            ``source_1``).
+    """
     sources = [images["source"]]
     for name in SOURCE_FIELDS[1:]:
         if name in images:
@@ -69,9 +85,40 @@ async def read_fuse_request(request: Request, *, target: bool = True) -> FuseReq
                 raise InvalidArgumentError(f"{name!r} given without {SOURCE_FIELDS[len(sources)]!r}"
                                            " (source images are numbered without gaps)")
             sources.append(images[name])
-    mapping = parse_mapping(params.mapping) if params.mapping is not None else None
-    reference = images.get("reference")
-    if options.mode == "reference" and reference is None and mapping is None:
+    return sources
+
+
+def request_mapping(raw: Sequence[Any] | None, sources: int) -> tuple[FacePair, ...] | None:
+    """A request's mapping, checked in what it says before any face is seen: its form,
+    each source image it names among the ``sources`` sent, no target face named twice
+    in the same words (one index, or one rectangle, twice). The codes are those the
+    fusion gives the same fault once the faces are known.
+
+    Raises:
+        MappingError: ``mapping_invalid``, ``mapping_too_many``,
+            ``mapping_source_out_of_range``, ``mapping_duplicate_target``.
+    """
+    if raw is None:
+        return None
+    pairs = parse_mapping(raw)
+    seen: dict[object, int] = {}
+    for n, p in enumerate(pairs):
+        if p.source >= sources:
+            raise MappingError(f"mapping[{n}]: source image {p.source} out of range "
+                               f"({sources} source image(s))",
+                               code="mapping_source_out_of_range")
+        target = p.rect if p.rect is not None else p.target
+        if target in seen:
+            raise MappingError(f"mapping[{n}] and mapping[{seen[target]}] both replace "
+                               f"target face {target}", code="mapping_duplicate_target")
+        seen[target] = n
+    return pairs
+
+
+def check_reference(mode: str, reference: bytes | None,
+                    mapping: tuple[FacePair, ...] | None) -> None:
+    """Raise ``reference_required`` for ``mode=reference`` without a reference image
+    (and without a mapping, which chooses the faces itself)."""
+    if mode == "reference" and reference is None and mapping is None:
         raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
                                    code="reference_required")
-    return FuseRequest(sources, images.get("target"), reference, params, options, mapping)

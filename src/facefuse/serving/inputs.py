@@ -43,6 +43,7 @@ __all__ = [
     "BadRequestError",
     "RequestFields",
     "UnsupportedMediaTypeError",
+    "json_too_deep",
     "read_request",
     "validate_params",
 ]
@@ -156,12 +157,13 @@ def _boundary(content_type: str) -> bytes:
     raise BadRequestError("multipart/form-data without a boundary parameter")
 
 
-def _json_depth_ok(body: bytes) -> bool:
-    """Whether no array/object nests deeper than :data:`MAX_JSON_DEPTH` (cheap upper
-    bound: counts every bracket, inside strings too — the API's strings are base64
-    and hold none)."""
+def json_too_deep(body: bytes) -> bool:
+    """Whether an array/object of the JSON text ``body`` nests deeper than
+    :data:`MAX_JSON_DEPTH` (checked before parsing: ``json.loads`` recurses, and a
+    thousand levels overflow the interpreter's stack). Cheap when few brackets: their
+    count, inside strings too, bounds the depth."""
     opened = body.count(b"[") + body.count(b"{")
-    return opened <= MAX_JSON_DEPTH or _max_depth(body) <= MAX_JSON_DEPTH
+    return opened > MAX_JSON_DEPTH and _max_depth(body) > MAX_JSON_DEPTH
 
 
 def _max_depth(body: bytes) -> int:
@@ -191,7 +193,7 @@ async def _read_json(
     request: Request, names: tuple[str, ...]
 ) -> tuple[dict[str, bytes], RequestFields]:
     body = await _read_body(request)
-    if not _json_depth_ok(body):
+    if json_too_deep(body):
         raise BadRequestError(f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         doc = json.loads(body)

@@ -5,10 +5,15 @@
   options of ``/v1/fuse`` and the clip options below → ``202 Accepted`` with
   ``Location: /v1/jobs/{id}``. An ``Idempotency-Key`` header seen before (for the
   same API key, its job still there) answers with that job instead of a new one
-  (atomic: simultaneous first requests with one key make one job). A clip over the
-  limits is refused here, typed (413/400), before it is queued (by the worker,
-  failing the job, where this install has no PyAV); a full queue is
-  ``503 queue_full`` with ``Retry-After``.
+  (atomic: simultaneous first requests with one key make one job). Everything that
+  can be known without decoding is checked here, with the codes ``/v1/fuse`` gives
+  the same fault: the options, the mapping's form (:func:`request_mapping`), the
+  sources numbered without gaps, every image's bytes and header (empty, not an
+  image, truncated, over the limits), the clip's header and a bounded probe
+  (413/400, by the worker, failing the job, where this install has no PyAV), and
+  whether the output container takes the encoder and the clip's audio
+  (``unsupported_container``). A key with ``jobs_max_queued`` jobs waiting, or a
+  queue at ``jobs_max_queued_total``, is ``503 queue_full`` with ``Retry-After``.
 * ``GET /v1/jobs/{id}``: the state (``queued``, ``running`` with frames done,
   percent, fps and ETA, ``succeeded``, ``failed`` with its typed error,
   ``cancelled``).
@@ -42,15 +47,21 @@ from facefuse.errors import (
     VideoTooLargeError,
     VideoUnavailableError,
 )
-from facefuse.serving.fuse_request import SOURCE_FIELDS
+from facefuse.imaging.decode import DecodeLimits, check_encoded
+from facefuse.serving.fuse_request import (
+    SOURCE_FIELDS,
+    check_reference,
+    numbered_sources,
+    request_mapping,
+)
 from facefuse.serving.inputs import read_request, validate_params
 from facefuse.serving.jobs import FINAL, JobStore, broker, enqueue, job_options
 from facefuse.serving.routes import _ERRORS, require_key
 from facefuse.serving.schemas import ErrorBody, FuseParams, image_request_body
 from facefuse.serving.security import bearer_token
 from facefuse.serving.state import services
-from facefuse.video.codecs import pyav
-from facefuse.video.io import VideoLimits, probe
+from facefuse.video.codecs import ENCODERS, check_container, pyav
+from facefuse.video.io import VideoInfo, VideoLimits, probe
 
 __all__ = ["router"]
 
@@ -120,13 +131,13 @@ async def _redis(fn: Callable[..., T], *args: Any) -> T:
                                     code="jobs_unavailable") from None
 
 
-def _probe_clip(data: bytes, limits: VideoLimits) -> int:
-    """The clip's expected frame count, after the header checks (typed errors).
+def _probe_clip(data: bytes, limits: VideoLimits) -> VideoInfo | None:
+    """The clip's header, checked (typed errors; see :func:`facefuse.video.io.probe`).
 
     Without PyAV (the API image: FFmpeg ships in the worker image only) only the
-    byte limit is checked here and the count is 0, unknown: the worker checks the
-    header against the same limits before it decodes a frame, and a clip over them
-    fails its job with the same typed error.
+    byte limit is checked here and the header is None, unknown: the worker checks
+    the header against the same limits before it decodes a frame, and a clip over
+    them fails its job with the same typed error.
     """
     if len(data) > limits.max_bytes:
         raise VideoTooLargeError(f"the clip is {len(data)} bytes; the limit is "
@@ -134,11 +145,21 @@ def _probe_clip(data: bytes, limits: VideoLimits) -> int:
     try:
         pyav()
     except VideoUnavailableError:
-        return 0
+        return None
     with tempfile.NamedTemporaryFile(prefix="facefuse-probe-") as f:
         f.write(data)
         f.flush()
-        return probe(Path(f.name), limits).expected_frames
+        return probe(Path(f.name), limits)
+
+
+def _check_images(files: dict[str, bytes], mode: str, limits: DecodeLimits) -> None:
+    """Every image the job will decode (the reference only in ``mode`` reference, as
+    ``/v1/fuse``), checked as the decode checks it first (typed: ``empty_image``,
+    ``unsupported_format``, ``corrupt_image``, ``image_too_large``,
+    ``image_too_small``)."""
+    for name, data in files.items():
+        if name != "clip" and (name != "reference" or mode == "reference"):
+            check_encoded(data, limits)
 
 
 @router.post(
@@ -168,14 +189,17 @@ async def create_job(request: Request) -> JSONResponse:
     kind = "clip" if "clip" in files else "image"
     params = validate_params(JobParams, fields)
     raw = params.model_dump()
-    job_options(raw, kind)  # the typed option errors now, not in the worker
-    if raw.get("mode") == "reference" and "reference" not in files and raw.get("mapping") is None:
-        raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
-                                   code="reference_required")
+    video, _, _, _ = job_options(raw, kind)  # the typed option errors now, not in the worker
+    mapping = request_mapping(params.mapping, len(numbered_sources(files)))
+    check_reference(video.fuse.mode, files.get("reference"), mapping)
+    _check_images(files, video.fuse.mode, DecodeLimits.from_settings(settings))
     frames = 1
     if kind == "clip":
-        frames = await asyncio.to_thread(_probe_clip, files["clip"],
-                                         VideoLimits.from_settings(settings))
+        info = await asyncio.to_thread(_probe_clip, files["clip"],
+                                       VideoLimits.from_settings(settings))
+        check_container(f".{params.container}", ENCODERS[params.encoder],
+                        info.audio_codec if info is not None else None)
+        frames = info.expected_frames if info is not None else 0
     job_id, created = await _redis(jobs.store.create, owner, kind, files, raw, frames, idem)
     if created:
         try:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from facefuse.fusion.types import FuseOptions, option_specs, option_type
+from facefuse.serving.inputs import MAX_JSON_DEPTH, json_too_deep
 
 __all__ = [
     "EmbedParams",
@@ -75,9 +76,11 @@ class FuseParams(_FuseOptionParams):
         if isinstance(v, str) and (info.context or {}).get("typed"):
             raise ValueError("mapping must be a JSON list (a string only in multipart)")
         if isinstance(v, str):
+            if json_too_deep(v.encode("utf-8", "replace")):
+                raise ValueError(f"mapping nests deeper than {MAX_JSON_DEPTH} levels")
             try:
                 return json.loads(v)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise ValueError("mapping must be JSON") from None
         return v
 

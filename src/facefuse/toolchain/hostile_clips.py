@@ -7,6 +7,8 @@
   exists in the writer's memory.
 * :func:`undated_clip`: a Matroska clip written as a live stream, whose header
   declares neither a duration nor a frame count.
+* :func:`pcm_clip`: a Matroska clip with uncompressed PCM audio (which MP4 and
+  WebM cannot hold as a copied stream).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["png_bytes", "swollen_clip", "undated_clip"]
+__all__ = ["pcm_clip", "png_bytes", "swollen_clip", "undated_clip"]
 
 #: Rows compressed at once while a plain PNG is written.
 _ROWS = 256
@@ -68,18 +70,43 @@ def undated_clip(path: Path, frames: int, size: tuple[int, int] = (64, 48),
                  fps: int = 25) -> Path:
     """A ``.mkv`` of ``frames`` plain H.264 frames written as a live stream: no
     duration and no frame count in its header."""
+    return _plain_mkv(path, frames, size, fps, {"live": "1"}, pcm=False)
+
+
+def pcm_clip(path: Path, frames: int, size: tuple[int, int] = (64, 48), fps: int = 25
+             ) -> Path:
+    """A ``.mkv`` of ``frames`` plain H.264 frames and silent 16-bit PCM audio."""
+    return _plain_mkv(path, frames, size, fps, {}, pcm=True)
+
+
+def _plain_mkv(path: Path, frames: int, size: tuple[int, int], fps: int,
+               options: dict[str, str], *, pcm: bool) -> Path:
     import av
 
     w, h = size
-    with av.open(str(path), "w", format="matroska", container_options={"live": "1"}) as out:
+    rate = 8000
+    with av.open(str(path), "w", format="matroska", container_options=options) as out:
         v = out.add_stream("libx264", rate=fps, options={"preset": "ultrafast"})
         v.width, v.height, v.pix_fmt = w, h, "yuv420p"
+        a = out.add_stream("pcm_s16le", rate=rate) if pcm else None
+        if a is not None:
+            a.layout = "mono"
         for i in range(frames):
             rgb = np.full((h, w, 3), i % 256, np.uint8)
             frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
             frame.pts = i
             for p in v.encode(frame):
                 out.mux(p)
+            if a is not None:
+                sound = av.AudioFrame.from_ndarray(np.zeros((1, rate // fps), np.int16),
+                                                   format="s16", layout="mono")
+                sound.sample_rate = rate
+                sound.pts = i * (rate // fps)
+                for p in a.encode(sound):
+                    out.mux(p)
         for p in v.encode(None):
             out.mux(p)
+        if a is not None:
+            for p in a.encode(None):
+                out.mux(p)
     return path
