@@ -20,15 +20,23 @@ Signals:
   collection over the loaded models, the ONNX Runtime sessions freed one by one)
   does nothing a stopped worker needs and took tens of seconds on a loaded
   machine. A second signal hands the job back at once. No job is dropped.
-* Redis restarting or failing over mid-job: progress writes and cancel checks are
-  skipped while it is away; the job's bookkeeping (claim, result, errors) waits up
-  to :data:`REDIS_PATIENCE_S` for it to come back.
+* Redis restarting, failing over or away for any length of time mid-job: progress
+  writes and cancel checks are skipped while it is away; the job's bookkeeping
+  (claim, result, errors, hand-back) waits for it to come back, however long, so
+  the job's record and its message stay together: the message is acknowledged
+  only once the job's end is written. A worker stopped meanwhile exits with its
+  job's message unacknowledged, and the broker gives it to another worker once
+  its heartbeats stop (the record, still ``running``, is claimed again).
 * SIGKILL (or a lost node): the broker stops seeing this worker's heartbeats;
   after ``jobs_heartbeat_s`` its unacknowledged message goes back on the queue
   and another worker runs the job from the start (attempt 2). A job that has
   killed ``jobs_max_tries`` workers fails with ``job_failed_repeatedly``.
 * SIGUSR1: every thread's Python stack is written to stderr (``faulthandler``),
   the job running on: for a worker that seems stuck.
+
+Memory: after every job the worker collects garbage and gives the C heap's free
+pages back (:func:`facefuse.serving.heap.release_free_heap`), so a clip that failed
+half-way leaves the worker where it was before it.
 
 Metrics (Prometheus, ``--metrics-port``): ``facefuse_jobs_total{kind,outcome}``,
 ``facefuse_job_duration_seconds{kind}``, ``facefuse_job_fps``,
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -56,6 +65,7 @@ from facefuse.errors import CancelledError, FacefuseError
 from facefuse.fusion.engine import FaceFuser
 from facefuse.imaging.encode import content_type
 from facefuse.imaging.output import OutputPolicy
+from facefuse.serving.heap import release_free_heap
 from facefuse.serving.jobs import ACTOR, QUEUE, JobStore, broker, job_options
 from facefuse.video.engine import VideoFuser, frame_threads_only
 
@@ -77,25 +87,25 @@ HAND_BACK_S = 10.0
 #: ``shutdown_grace_s + SHUTDOWN_MARGIN_S`` before they SIGKILL it.
 SHUTDOWN_MARGIN_S = 30.0
 
-#: How long a job's bookkeeping waits for Redis to come back (a restart, a failover)
-#: before the attempt gives up, seconds.
-REDIS_PATIENCE_S = 60.0
+#: How long a stopping worker waits for Redis to take its job back, seconds (a job's
+#: own bookkeeping waits for Redis however long it is away).
+REDIS_PATIENCE_S = 5.0
 
 T = TypeVar("T")
 
 
-def patient(fn: Callable[..., T], *args: Any, seconds: float = REDIS_PATIENCE_S) -> T:
+def patient(fn: Callable[..., T], *args: Any, seconds: float | None = None) -> T:
     """``fn(*args)``, retried with back-off while Redis is unreachable (connection
-    errors and timeouts only), up to ``seconds``."""
+    errors and timeouts only), up to ``seconds`` (None: until it answers)."""
     import redis
 
-    end = time.monotonic() + seconds
+    end = None if seconds is None else time.monotonic() + seconds
     delay = 0.2
     while True:
         try:
             return fn(*args)
         except (redis.ConnectionError, redis.TimeoutError):
-            if time.monotonic() + delay > end:
+            if end is not None and time.monotonic() + delay > end:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -138,6 +148,8 @@ class JobRunner:
             self._attempt(job_id)
         finally:
             self.current = None
+            gc.collect()
+            release_free_heap()
 
     def _attempt(self, job_id: str) -> None:
         attempt = patient(self.store.claim, job_id, self.name)
@@ -368,7 +380,7 @@ def shut_down(worker: Any, runner: JobRunner, flight: Any, grace_s: float) -> bo
         log.warning("job %s did not stop within %.0f s of the signal; requeued", job_id, bound)
     if job_id is not None:
         with contextlib.suppress(Exception):
-            patient(runner.store.requeue, job_id, seconds=5.0)
+            patient(runner.store.requeue, job_id, seconds=REDIS_PATIENCE_S)
     if message is not None:
         # Back on its queue now, not when this worker's heartbeats are missed.
         with contextlib.suppress(Exception):
