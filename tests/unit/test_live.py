@@ -1,0 +1,192 @@
+"""The live layer without a network: the offer checks, the frame loop's newest-frame
+rule and its changes between frames, and the session registry's bounds and owners
+(the WebRTC paths run against a real server in tests/integration/test_live.py)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from facefuse.errors import BadRequestError, InvalidOfferError, LiveSessionNotFoundError
+from facefuse.live.loop import FrameLoop
+from facefuse.live.sdp import check_offer, check_viewer_offer
+from facefuse.live.sessions import LiveSources
+
+TIMEOUT = 30.0
+
+
+def offer(*media: tuple[str, str, tuple[str, ...]]) -> str:
+    """An SDP offer with ``(kind, direction, codecs)`` media sections."""
+    lines = ["v=0", "o=- 1 1 IN IP4 0.0.0.0", "s=-", "t=0 0"]
+    for i, (kind, direction, codecs) in enumerate(media):
+        pts = " ".join(str(96 + j) for j in range(len(codecs)))
+        lines += [f"m={kind} 9 UDP/TLS/RTP/SAVPF {pts}", "c=IN IP4 0.0.0.0", f"a=mid:{i}",
+                  f"a={direction}"]
+        lines += [f"a=rtpmap:{96 + j} {c}/90000" for j, c in enumerate(codecs)]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def test_a_camera_offer_is_taken_and_its_direction_read() -> None:
+    o = check_offer(offer(("audio", "sendrecv", ("opus",)), ("video", "sendrecv", ("VP8", "rtx"))))
+    assert o.wants_video_back and o.has_audio
+    whip = check_offer(offer(("video", "sendonly", ("H264",))).encode())
+    assert not whip.wants_video_back and not whip.has_audio
+
+
+@pytest.mark.parametrize(("sdp", "code"), [
+    (offer(("audio", "sendrecv", ("opus",))), "offer_without_video"),
+    (offer(("video", "recvonly", ("VP8",))), "offer_without_video"),
+    (offer(("video", "sendrecv", ("AV1", "VP9", "rtx"))), "unsupported_codec"),
+])
+def test_offers_it_cannot_take_are_typed(sdp: str, code: str) -> None:
+    with pytest.raises(InvalidOfferError) as err:
+        check_offer(sdp)
+    assert err.value.code == code and err.value.http_status == 422
+    if code == "unsupported_codec":
+        assert "av1, vp9" in err.value.message
+
+
+@pytest.mark.parametrize("sdp", ["", "hello", "v=0\r\nnot a line\r\n", "x" * 70_000,
+                                 b"v=0\r\n\xff\xfe"])
+def test_malformed_offers_are_bad_requests(sdp: str | bytes) -> None:
+    with pytest.raises(BadRequestError) as err:
+        check_offer(sdp)
+    assert err.value.code == "malformed_offer" and err.value.http_status == 400
+
+
+def test_a_viewer_must_receive_video() -> None:
+    check_viewer_offer(offer(("video", "recvonly", ("VP8",))))
+    with pytest.raises(InvalidOfferError):
+        check_viewer_offer(offer(("video", "sendonly", ("VP8",))))
+
+
+# --- the frame loop --------------------------------------------------------------------
+
+
+@dataclass
+class FakeFrame:
+    """What the loop reads of a PyAV frame."""
+
+    n: int
+    time: float | None = None
+    pts: int | None = None
+    time_base: Any = None
+
+    def to_ndarray(self, format: str) -> np.ndarray:
+        return np.full((8, 8, 3), self.n, np.uint8)
+
+
+@dataclass
+class Stats:
+    regions: list[tuple[int, int, int, int]] = field(default_factory=list)
+    fused: list[int] = field(default_factory=list)
+
+
+class FakeClip:
+    """A clip state whose first plan waits for ``gate``; records what it planned."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.planned: list[int] = []
+        self.log: list[str] = []
+        self.fail_on: int | None = None
+
+    def plan(self, rgb: np.ndarray, index: int, t: float) -> Any:
+        if not self.planned:
+            self.entered.set()
+            assert self.gate.wait(TIMEOUT)
+        n = int(rgb[0, 0, 0])
+        if n == self.fail_on:
+            raise RuntimeError("a bad frame")
+        self.planned.append(n)
+        self.log.append(f"plan {n}")
+        return rgb
+
+    def render(self, plan: Any) -> list[Any]:
+        return []
+
+    def finish(self, plan: Any, layers: Any) -> tuple[np.ndarray, Stats]:
+        return plan, Stats()
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, frame: Any, received: float) -> None:
+        with self.cond:
+            self.frames.append(frame)
+            self.cond.notify_all()
+
+    def wait(self, n: int) -> list[Any]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.frames) >= n, TIMEOUT)
+            return list(self.frames)
+
+
+def test_a_frame_not_taken_in_time_is_dropped_never_queued() -> None:
+    clip, sink = FakeClip(), Sink()
+    loop = FrameLoop(clip, sink, workers=1)  # type: ignore[arg-type]
+    try:
+        loop.offer(FakeFrame(1))
+        assert clip.entered.wait(TIMEOUT)  # frame 1 taken, being planned
+        for n in (2, 3, 4):  # 1 is being planned: 2 and 3 are replaced by newer ones
+            loop.offer(FakeFrame(n))
+        clip.gate.set()
+        out = sink.wait(2)
+        assert [f.n for f in out] == [1, 4]
+        assert loop.figures.frames_in == 4 and loop.figures.frames_dropped == 2
+        assert clip.planned == [1, 4]
+    finally:
+        loop.close()
+    assert not loop.running
+
+
+def test_changes_apply_between_frames_and_a_bad_frame_passes_through() -> None:
+    clip, sink = FakeClip(), Sink()
+    clip.gate.set()
+    loop = FrameLoop(clip, sink, workers=2)  # type: ignore[arg-type]
+    try:
+        loop.offer(FakeFrame(1))
+        sink.wait(1)
+        loop.change(lambda _: clip.log.append("change"))
+        clip.fail_on = 2
+        loop.offer(FakeFrame(2))
+        out = sink.wait(2)
+        assert out[1].n == 2  # unfused, as it came
+        loop.offer(FakeFrame(3))
+        sink.wait(3)
+        assert clip.log == ["plan 1", "change", "plan 3"]
+        for _ in range(3):
+            loop.sent(0.0)
+        figures = loop.figures.to_dict()
+        assert figures["frames_out"] == 3 and figures["latency_p50_ms"] is not None
+    finally:
+        loop.close()
+
+
+# --- sources -------------------------------------------------------------------------
+
+
+def test_uploaded_sources_are_per_key_and_bounded() -> None:
+    sources = LiveSources(max_count=2, max_bytes=1 << 20)
+    a = sources.put("alice", b"one")
+    assert sources.put("alice", b"one") == a and sources.get("alice", a) == b"one"
+    with pytest.raises(LiveSessionNotFoundError) as err:
+        sources.get("bob", a)
+    assert err.value.code == "live_source_not_found"
+    sources.put("alice", b"two")
+    sources.put("bob", b"three")  # the oldest (alice's "one") goes
+    with pytest.raises(LiveSessionNotFoundError):
+        sources.get("alice", a)
+    expired = LiveSources(ttl_s=0.0)
+    sid = expired.put("alice", b"x")
+    threading.Event().wait(0.01)
+    with pytest.raises(LiveSessionNotFoundError):
+        expired.get("alice", sid)
