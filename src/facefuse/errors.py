@@ -357,3 +357,12 @@ class LiveUnavailableError(FacefuseError):
     code = "live_unavailable"
     http_status = 501
     exit_code = 5
+
+
+class IdempotencyConflictError(FacefuseError):
+    """An ``Idempotency-Key`` used before for another request (another body: other
+    files or options); the first request's job stands, this one is not queued."""
+
+    code = "idempotency_conflict"
+    http_status = 409
+    exit_code = 2

@@ -282,6 +282,31 @@ def test_jobs_refuse_at_the_door_what_fuse_refuses(
         assert post_clip(c, source, clips["pcm"], container="mkv").status_code == 202
 
 
+def test_an_idempotency_key_reused_for_another_request_is_a_conflict(
+        api_factory: Callable[..., ServerProcess], jobs_redis: Any, clips: dict[str, bytes],
+        sample_paths: dict[str, Path]) -> None:
+    """The key stands for the request it first came with: the same request replays
+    its job, another one (other options, a clip for an image) is 409 and queues
+    nothing."""
+    api = api_factory()
+    source = sample_paths["biden"].read_bytes()
+    target = sample_paths["obama"].read_bytes()
+    parts = {"source": ("s.jpg", source), "target": ("t.jpg", target)}
+    key = {"Idempotency-Key": "upload-1"}
+    with api.client(USER_TOKEN) as c:
+        first = c.post("/v1/jobs", files=parts, data={"degree": "80"}, headers=key)
+        assert first.status_code == 202, first.text
+        same = c.post("/v1/jobs", files=parts, data={"degree": "80.0"}, headers=key)
+        assert same.status_code == 202 and same.headers["idempotent-replayed"] == "true"
+        assert same.headers["location"] == first.headers["location"]
+        other = c.post("/v1/jobs", files=parts, data={"degree": "60"}, headers=key)
+        assert code(other) == (409, "idempotency_conflict"), other.text
+        clip = c.post("/v1/jobs", files={"source": ("s.jpg", source),
+                                         "clip": ("c.mp4", clips["short"])}, headers=key)
+        assert code(clip) == (409, "idempotency_conflict"), clip.text
+    assert redis.Redis.from_url(jobs_redis.url).zcard("facefuse:jobs:queued") == 1
+
+
 # --- the queue -----------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ that was not) finds the result there and stops.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -35,12 +36,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from facefuse.config import Settings
-from facefuse.errors import InvalidArgumentError, JobNotFoundError, OverloadedError
+from facefuse.errors import (
+    IdempotencyConflictError,
+    InvalidArgumentError,
+    JobNotFoundError,
+    OverloadedError,
+)
 from facefuse.fusion.types import FuseOptions
 from facefuse.video.engine import VideoOptions
 
 __all__ = ["QUEUE", "JobRecord", "JobState", "JobStore", "broker", "enqueue", "job_options",
-           "new_job_id"]
+           "new_job_id", "request_digest"]
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 #: States a job does not leave.
@@ -65,7 +71,8 @@ local function unqueue(job, id, prefix, all)
   if owner then redis.call('zrem', prefix .. owner, id) end
 end
 """
-# Admission, in one step: an idempotency key that names a job still there returns it;
+# Admission, in one step: an idempotency key that names a job still there returns it
+# (or, when that job was made from another request, whose digest differs, refuses);
 # ids whose records expired leave the queued sets (by age: a score older than the TTL);
 # a full queue (the owner's, then everyone's) refuses; else the files, the record, its
 # place in both queued sets and the idempotency key are written together. Atomic, so
@@ -73,12 +80,14 @@ end
 # first's key and job). KEYS: the job hash, the queued set, the idempotency key (the
 # job hash again when there is none), the owner's queued set, the file keys. ARGV: max
 # queued for the owner, max queued in all, now, ttl, the record's fields (JSON), the
-# job id, the job key prefix, the files' bytes (in KEYS order).
+# job id, the job key prefix, the request's digest, the files' bytes (in KEYS order).
 _CREATE = """
 local idem = KEYS[3] ~= KEYS[1]
 if idem then
   local existing = redis.call('get', KEYS[3])
   if existing and redis.call('exists', ARGV[7] .. existing) == 1 then
+    local digest = redis.call('hget', ARGV[7] .. existing, 'digest')
+    if digest and digest ~= ARGV[8] then return {-3, existing} end
     return {0, existing}
   end
 end
@@ -87,7 +96,7 @@ redis.call('zremrangebyscore', KEYS[2], '-inf', stale)
 redis.call('zremrangebyscore', KEYS[4], '-inf', stale)
 if redis.call('zcard', KEYS[4]) >= tonumber(ARGV[1]) then return {-1, ''} end
 if redis.call('zcard', KEYS[2]) >= tonumber(ARGV[2]) then return {-2, ''} end
-for i = 5, #KEYS do redis.call('set', KEYS[i], ARGV[i + 3], 'EX', ARGV[4]) end
+for i = 5, #KEYS do redis.call('set', KEYS[i], ARGV[i + 4], 'EX', ARGV[4]) end
 redis.call('hset', KEYS[1], unpack(cjson.decode(ARGV[5])))
 redis.call('expire', KEYS[1], ARGV[4])
 redis.call('zadd', KEYS[2], ARGV[3], ARGV[6])
@@ -141,6 +150,17 @@ return 1
 
 #: Socket and connect timeout of the broker's Redis client, seconds.
 REDIS_TIMEOUT_S = 5.0
+
+
+def request_digest(kind: str, files: Mapping[str, bytes], options: Mapping[str, Any]) -> str:
+    """What a job request is, as one SHA-256 hex digest: its kind, each file's name
+    and content, and its options (defaults included, so leaving one out and sending
+    its default are the same request)."""
+    h = hashlib.sha256(kind.encode())
+    for name in sorted(files):
+        h.update(b"\0" + name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    h.update(json.dumps(dict(options), sort_keys=True, default=str).encode())
+    return h.hexdigest()
 
 
 def new_job_id() -> str:
@@ -266,14 +286,17 @@ class JobStore:
 
     def create(self, owner: str, kind: str, files: Mapping[str, bytes],
                options: Mapping[str, Any], frames_total: int,
-               idempotency_key: str | None = None) -> tuple[str, bool]:
+               idempotency_key: str | None = None, digest: str = "") -> tuple[str, bool]:
         """Store a new queued job and its files; returns (id, created). With an
         ``idempotency_key`` seen before for ``owner`` whose job is still there, that
-        job's id and False. One atomic step (see ``_CREATE``): simultaneous first
-        requests with one key make one job. The caller then enqueues the job's
-        message (:meth:`enqueue`).
+        job's id and False, when the job was made from the same request (its
+        ``digest``, see :func:`request_digest`). One atomic step (see ``_CREATE``):
+        simultaneous first requests with one key make one job. The caller then
+        enqueues the job's message (:meth:`enqueue`).
 
         Raises:
+            IdempotencyConflictError: ``idempotency_key`` names a job made from
+                another request (409).
             OverloadedError: ``queue_full`` (503 + Retry-After): ``owner`` has
                 ``jobs_max_queued`` jobs queued, or every owner together
                 ``jobs_max_queued_total``.
@@ -284,16 +307,20 @@ class JobStore:
         fields = [str(x) for x in (
             "owner", owner, "kind", kind, "state", "queued", "created", repr(now),
             "options", json.dumps(dict(options)), "attempts", 0,
-            "frames_total", frames_total, "files", ",".join(files))]
+            "frames_total", frames_total, "files", ",".join(files), "digest", digest)]
         names = list(files)
         s = self.settings
         status, got = self._create(
             keys=[_P + job_id, _QUEUED, idem, _OWNER_QUEUED + owner,
                   *(f"{_P}{job_id}:in:{n}" for n in names)],
             args=[s.jobs_max_queued, s.jobs_max_queued_total, now, self.ttl,
-                  json.dumps(fields), job_id, _P, *(files[n] for n in names)])
+                  json.dumps(fields), job_id, _P, digest, *(files[n] for n in names)])
         if int(status) == 0:
             return bytes(got).decode(), False
+        if int(status) == -3:
+            raise IdempotencyConflictError(
+                f"the Idempotency-Key {idempotency_key!r} was used for another request "
+                f"(job {bytes(got).decode()}); use a new key for a new request")
         if int(status) == -1:
             raise OverloadedError(
                 f"this key has {s.jobs_max_queued} jobs waiting, its most; retry later",

@@ -5,7 +5,9 @@
   options of ``/v1/fuse`` and the clip options below → ``202 Accepted`` with
   ``Location: /v1/jobs/{id}``. An ``Idempotency-Key`` header seen before (for the
   same API key, its job still there) answers with that job instead of a new one
-  (atomic: simultaneous first requests with one key make one job). Everything that
+  (atomic: simultaneous first requests with one key make one job), when the
+  request is the same (its files and options: :func:`request_digest`); with
+  another request it is ``409 idempotency_conflict``. Everything that
   can be known without decoding is checked here, with the codes ``/v1/fuse`` gives
   the same fault: the options, the mapping's form (:func:`request_mapping`), the
   sources numbered without gaps, every image's bytes and header (empty, not an
@@ -55,7 +57,7 @@ from facefuse.serving.fuse_request import (
     request_mapping,
 )
 from facefuse.serving.inputs import read_request, validate_params
-from facefuse.serving.jobs import FINAL, JobStore, broker, enqueue, job_options
+from facefuse.serving.jobs import FINAL, JobStore, broker, enqueue, job_options, request_digest
 from facefuse.serving.routes import _ERRORS, require_key
 from facefuse.serving.schemas import ErrorBody, FuseParams, image_request_body
 from facefuse.serving.security import bearer_token
@@ -74,7 +76,8 @@ router = APIRouter(
     prefix="/v1", dependencies=[Depends(require_key)], tags=["jobs"],
     responses={**_ERRORS,
                404: {"model": ErrorBody, "description": "No such job (or another key's)"},
-               409: {"model": ErrorBody, "description": "The job has no result (yet)"}})
+               409: {"model": ErrorBody, "description": "The job has no result (yet); or an "
+                     "Idempotency-Key used before for another request"}})
 
 
 class JobParams(FuseParams):
@@ -200,7 +203,8 @@ async def create_job(request: Request) -> JSONResponse:
         check_container(f".{params.container}", ENCODERS[params.encoder],
                         info.audio_codec if info is not None else None)
         frames = info.expected_frames if info is not None else 0
-    job_id, created = await _redis(jobs.store.create, owner, kind, files, raw, frames, idem)
+    job_id, created = await _redis(jobs.store.create, owner, kind, files, raw, frames, idem,
+                                   request_digest(kind, files, raw))
     if created:
         try:
             await _redis(enqueue, jobs.queue, job_id)
