@@ -7,11 +7,14 @@ with the error class's stable exit code (see :mod:`facefuse.errors`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
@@ -27,11 +30,13 @@ exit codes:
   0  success
   1  a batch finished with failed images, or an internal error (rerun with -v)
   2  usage: a bad option, argument or key
-  3  bad input image (empty, corrupt, unsupported, too large or too small)
+  3  bad input image or clip (empty, corrupt, unsupported, too large or too small;
+     a clip path that is not there)
   4  face problem (no face, too small, in profile, index out of range)
   5  model or codec problem (missing or corrupt model file; no video codecs here)
   6  build or fetch problem (download, checksum, conversion, quantization gate)
   7  service problem (overloaded, deadline exceeded)
+  130  interrupted (Ctrl-C; SIGTERM too during a clip: its partial output is removed)
 Every deliberate failure prints 'error[<code>]: <message>' on stderr.
 """
 
@@ -316,6 +321,26 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+@contextlib.contextmanager
+def _terminate_interrupts() -> Iterator[None]:
+    """SIGTERM handled as SIGINT while a clip is fused (main thread only): the clip
+    stops, its partial output is removed, and the command exits 130. By default a
+    SIGTERM (a container stop, ``kill``) ended the process at once and left the
+    hidden temporary output beside the destination."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_video(args: argparse.Namespace) -> int:
     """SOURCE... CLIP -o OUT: fuse the source identity into every frame of a clip."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -343,7 +368,7 @@ def cmd_video(args: argparse.Namespace) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total} frames"),
                TextColumn("{task.fields[fps]:.1f} fps"), TimeRemainingColumn())
-    with Progress(*columns, disable=args.no_progress) as bar:
+    with Progress(*columns, disable=args.no_progress) as bar, _terminate_interrupts():
         task = bar.add_task("fusing", total=None, fps=0.0)
 
         def tick(done: int, total: int, fps: float) -> None:

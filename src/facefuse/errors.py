@@ -278,7 +278,8 @@ class InvalidVideoError(FacefuseError):
 
     Refined codes: ``corrupt_video`` (the container or a frame cannot be decoded),
     ``no_video_stream``, ``unsupported_container`` (the output suffix or an audio
-    codec it cannot hold).
+    codec it cannot hold), ``video_not_found`` (a clip path that is not there or
+    cannot be read).
     """
 
     code = "invalid_video"

@@ -244,13 +244,20 @@ def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
     against ``limits``.
 
     Raises:
-        InvalidVideoError: ``corrupt_video``, ``no_video_stream``.
+        InvalidVideoError: ``corrupt_video``, ``no_video_stream``, ``video_not_found``
+            (no such file, or one that cannot be read).
         VideoTooLargeError: over a limit (``video_too_large``, ``video_too_long``,
             ``video_resolution_too_high``, ``video_fps_too_high``).
         VideoUnavailableError: no PyAV in this install (checked after the byte limit).
     """
     limits = limits or VideoLimits()
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise InvalidVideoError(f"clip file not found: {path}", code="video_not_found") from None
+    except OSError as exc:
+        raise InvalidVideoError(f"cannot read the clip {path}: {exc.strerror or exc}",
+                                code="video_not_found") from None
     if size > limits.max_bytes:
         raise VideoTooLargeError(f"the clip is {size} bytes; the limit is {limits.max_bytes}",
                                  code="video_too_large")
