@@ -38,6 +38,12 @@ MAX_EXAMPLES = 25
 IMAGE_FIELDS = ("source", "target", "reference", "image", "a", "b")
 
 
+@schemathesis.serializer("application/sdp")
+def _sdp(context: Any, value: Any) -> bytes:
+    """An SDP offer (``POST /v1/live`` and its viewers) is text."""
+    return value.encode("utf-8", "replace") if isinstance(value, str) else str(value).encode()
+
+
 @pytest.fixture(scope="module")
 def fuzz_server(
     settings: Settings, model_dir: Path, tmp_path_factory: pytest.TempPathFactory

@@ -91,8 +91,9 @@ class LiveSessions:
 
     @property
     def count(self) -> int:
-        """Sessions open now (those being set up included)."""
-        return len(self._sessions) + self._starting
+        """Sessions open now (those being set up included; one that ended on its own
+        no longer counts, though the reaper forgets it only on its next pass)."""
+        return sum(not s.closed for s in self._sessions.values()) + self._starting
 
     def check_room(self) -> None:
         """Raise what :meth:`create` would for want of room (or of aiortc), before any
