@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.swappers.classic import ClassicSwapper
+from facefuse.fusion.swappers import build_swappers
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.pixels import OnnxPixels, OpenCVPixels, PixelBackend, load_graph
 from facefuse.runtime.registry import ModelRegistry
@@ -211,8 +211,8 @@ def check_pixels(args: argparse.Namespace, settings: Settings, analyser: FaceAna
             if not budget.left(f"pixels {size} px {bname}"):
                 break
             timed = TimedPixels(backend)
-            fuser = FaceFuser(settings, analyser, swappers={"classic": ClassicSwapper(
-                pixels=timed)})  # type: ignore[arg-type]
+            fuser = FaceFuser(settings, analyser, swappers=build_swappers(
+                settings, analyser.registry, pixels=timed))  # type: ignore[arg-type]
             fuser.pixels = timed  # type: ignore[assignment]
             stage_ms = ms_per_item(
                 lambda f=fuser, t=tgt, tf=tf: f.fuse_faces(src, sf, t, tf, [0], opts),

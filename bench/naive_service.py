@@ -108,6 +108,14 @@ class WholeFrame:
     def name(self) -> str:
         return self.inner.name
 
+    @property
+    def needs_source_embedding(self) -> bool:
+        return self.inner.needs_source_embedding
+
+    @property
+    def fork_safe(self) -> bool:
+        return self.inner.fork_safe
+
     def render(self, source_rgb: np.ndarray, source_face: Face, target_rgb: np.ndarray,
                target_face: Face, options: FuseOptions,
                carried: Carried | None = None) -> FaceLayer:
@@ -141,7 +149,9 @@ class NaiveFusion:
         """JPEG bytes of the fused image and, when ``similarity`` (off by default, as
         in facefuse), the output's identity similarity to the source."""
         options = FuseOptions(degree=degree, evaluate=False)
-        needs = IdentityNeeds.of(options, similarity=similarity)
+        needs = IdentityNeeds.of(
+            options, similarity=similarity,
+            source_embedding=self.fuser.swapper(options.swapper).needs_source_embedding)
         with self.lock:
             a = self.analyser
             src_rgb, tgt_rgb = a.decode(source), a.decode(target)

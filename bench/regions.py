@@ -50,11 +50,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
-from facefuse.fusion.swappers import classic
-from facefuse.fusion.swappers.classic import WORK_EYE_PX
+from facefuse.fusion.swappers.classic import occlusion, regions
+from facefuse.fusion.swappers.classic import swapper as classic
+from facefuse.fusion.swappers.classic.swapper import WORK_EYE_PX
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.runtime.registry import ModelRegistry

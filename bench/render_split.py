@@ -46,8 +46,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from facefuse.fusion import detail, engine, eyes
+from facefuse.fusion import engine
 from facefuse.fusion.engine import MappedFace
+from facefuse.fusion.swappers.classic import detail, eyes
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.imaging.encode import encode_image

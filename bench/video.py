@@ -309,14 +309,14 @@ STAGES = [
     ("track, detect, smooth (`plan`)", "video/engine.py", "plan"),
     ("- tracked mesh + iris", "video/engine.py", "_track"),
     ("- detection (every 10th frame)", "video/engine.py", "_detect"),
-    ("render (`ClassicSwapper.render`)", "swappers/classic.py", "render"),
+    ("render (`ClassicSwapper.render`)", "swappers/classic/swapper.py", "render"),
     ("- dense maps (`piecewise_affine_maps`)", "imaging/warp.py", "piecewise_affine_maps"),
-    ("- occluder masks (the target's)", "fusion/regions.py", "face_occluders"),
-    ("- full-resolution detail path", "fusion/detail.py", "full_resolution_layer"),
+    ("- occluder masks (the target's)", "fusion/swappers/classic/regions.py", "face_occluders"),
+    ("- full-resolution detail path", "fusion/swappers/classic/detail.py", "full_resolution_layer"),
     ("- sharpness match", "imaging/color.py", "match_sharpness"),
-    ("- the target's highlights", "fusion/specular.py", "highlights"),
-    ("- relighting gains", "fusion/light.py", "layer_gains"),
-    ("- source-side work (memo misses only)", "swappers/classic.py", "_source_crop"),
+    ("- the target's highlights", "fusion/swappers/classic/specular.py", "highlights"),
+    ("- relighting gains", "fusion/swappers/classic/light.py", "layer_gains"),
+    ("- source-side work (memo misses only)", "swappers/classic/swapper.py", "_source_crop"),
     ("tone + blend (`finish`)", "video/engine.py", "finish"),
 ]
 
@@ -754,8 +754,9 @@ def section(result: dict[str, Any]) -> list[str]:
     lines += ["", "What the engine saves over the naive loop: the source decoded and analysed "
               "once, and its render-side work (its crop at the working scale with the "
               "highlights taken out, its occluder mask, face outline fields and side-to-side "
-              "tone colours) memoised per source (`fusion/source_prep.py`: it hits on every "
-              "frame after the first); detection every 10th frame with the mesh tracked "
+              "tone colours) memoised per source (`fusion/swappers/classic/source_prep.py`: "
+              "it hits on every frame after the first); detection every 10th frame with the "
+              "mesh tracked "
               "between, the iris model every other tracked frame (the irises carried with "
               "the eyes between), the face's glasses, facial hair and iris colour found "
               "every 4th frame (carried with the face between), the identity embedding "

@@ -17,7 +17,7 @@ fill (defaults without the symmetric fill: the engine before the fill) and after
   beyond the source's face);
 * outside: the share of the output face's pixels whose colour takes any part
   from beyond the source's face outline, from the warp maps themselves
-  (:func:`facefuse.fusion.symmetry.outside_share`; must be 0);
+  (:func:`facefuse.fusion.swappers.classic.symmetry.outside_share`; must be 0);
 * identity similarity of the output to the source (dlib, re-analysed);
 * ``visible_fraction`` (:mod:`facefuse.fusion.visibility`): the share of the
   target face's area the source shows well.

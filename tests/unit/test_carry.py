@@ -14,10 +14,10 @@ import pytest
 
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.fusion import regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance, fused_shape
-from facefuse.fusion.swappers.classic import CLIP_WORK_EYE_PX, WORK_EYE_PX, ClassicSwapper
+from facefuse.fusion.swappers.classic import regions
+from facefuse.fusion.swappers.classic.swapper import CLIP_WORK_EYE_PX, WORK_EYE_PX, ClassicSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import occluder_survival
 from facefuse.toolchain.synthetic import paste_facial_hair, paste_glasses

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from facefuse.faces.types import Face
-from facefuse.fusion import detail
 from facefuse.fusion import mask as masks
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.swappers.classic import detail
 from facefuse.fusion.types import FuseOptions
 
 

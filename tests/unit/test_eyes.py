@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.fusion import eyes
 from facefuse.fusion import mask as masks
+from facefuse.fusion.carry import IrisReading
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_groups, openness
+from facefuse.fusion.swappers.classic import eyes
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.samples import SAMPLES
 from facefuse.toolchain.synthetic import LIGHT_IRIS, light_irises, squinting
@@ -187,8 +188,8 @@ def test_a_magenta_reading_is_brown_in_reddish_light_and_grey_in_bluish() -> Non
     readings on both sides (one light) leave the hue as fixed."""
     skin = np.array([150.0, 100.0, 80.0])
     white = np.array([200.0, 180.0, 170.0])
-    reddish = eyes.IrisReading(np.array([39.0, 24.0, 31.0]), skin, white)
-    bluish = eyes.IrisReading(np.array([29.0, 24.0, 39.0]), skin, white)
+    reddish = IrisReading(np.array([39.0, 24.0, 31.0]), skin, white)
+    bluish = IrisReading(np.array([29.0, 24.0, 39.0]), skin, white)
     for reading, want in ((reddish, [40.0, 25.0, 25.0]), (bluish, [30.0, 30.0, 40.0])):
         gain = eyes.iris_gains(reading, reading)[0]
         assert gain is not None

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from facefuse.fusion import occlusion as occ
 from facefuse.fusion.engine import blend_layer
 from facefuse.fusion.swappers.base import FaceLayer
-from facefuse.fusion.swappers.classic import _crisp
+from facefuse.fusion.swappers.classic import occlusion as occ
+from facefuse.fusion.swappers.classic.swapper import _crisp
 from facefuse.imaging.blend import alpha_blend
 from facefuse.imaging.pixels import OpenCVPixels
 

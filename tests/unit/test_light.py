@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.fusion import light
-from facefuse.fusion.occlusion import skin_vertices
+from facefuse.fusion.swappers.classic import light
+from facefuse.fusion.swappers.classic.occlusion import skin_vertices
 from facefuse.imaging.warp import delaunay
 from facefuse.toolchain.synthetic import relight_gradient
 

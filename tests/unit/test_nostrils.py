@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from facefuse.fusion import nostrils
 from facefuse.fusion.engine import FaceFuser
+from facefuse.fusion.swappers.classic import nostrils
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.trials import Sample
 

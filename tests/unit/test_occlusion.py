@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from facefuse.errors import InvalidArgumentError
-from facefuse.fusion import detail
 from facefuse.fusion import mask as masks
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.occlusion import occluder_mask
+from facefuse.fusion.swappers.classic import detail
+from facefuse.fusion.swappers.classic.occlusion import occluder_mask
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import face_outline_mask
 from facefuse.toolchain.synthetic import OccluderKind, paste_occluder
@@ -103,7 +103,7 @@ def _teeth_share(image: np.ndarray, lips: np.ndarray) -> float:
 
 def test_an_open_source_mouth_brings_no_teeth_into_a_closed_one(
         fuser: FaceFuser, samples: dict[str, Sample], monkeypatch: pytest.MonkeyPatch) -> None:
-    from facefuse.fusion.swappers import classic
+    from facefuse.fusion.swappers.classic import swapper as classic
 
     src, tgt = samples["obama2"], samples["biden"]  # open mouth with teeth → closed mouth
     assert masks.mouth_open(src.landmarks) and not masks.mouth_open(tgt.landmarks)

@@ -31,16 +31,16 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.recognizer import normalize
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.swappers import onnx as onnx_swapper
-from facefuse.fusion.swappers.contract import parse_contract
-from facefuse.fusion.swappers.crop import (
+from facefuse.fusion.swappers.onnx import runner as onnx_swapper
+from facefuse.fusion.swappers.onnx.contract import parse_contract
+from facefuse.fusion.swappers.onnx.crop import (
     align_transform,
     arcface_points,
     crop_face,
     paste_back,
     template_points,
 )
-from facefuse.fusion.swappers.onnx import OnnxSwapper
+from facefuse.fusion.swappers.onnx.runner import OnnxSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.runtime.files import sha256_file
 from facefuse.runtime.manifest import (
@@ -681,6 +681,20 @@ def test_fuse_end_to_end_with_a_registered_swapper(
     q = same.quality
     assert q["id_sim_target"] > 0.95
     assert q["id_sim_target"] > q["id_sim_source"] + 0.1
+
+
+def test_the_source_is_embedded_for_a_swapper_that_reads_its_embedding(
+    fuser: FaceFuser, sample_paths: dict[str, Path]
+) -> None:
+    # No quality figures asked for: only the swapper's own declaration makes the
+    # source photo's analysis carry the embedding its latent is made from.
+    assert fuser.swappers["latent_init"].needs_source_embedding
+    assert not fuser.swappers["classic"].needs_source_embedding
+    neural = fuser.fuse(sample_paths["biden"], sample_paths["obama"], swapper="latent_init",
+                        evaluate=False)
+    assert neural.source_face.embedding is not None and len(neural.fused) == 1
+    classic = fuser.fuse(sample_paths["biden"], sample_paths["obama"], evaluate=False)
+    assert classic.source_face.embedding is None
 
 
 def test_layer_is_the_target_where_the_crop_does_not_reach(

@@ -35,6 +35,15 @@ def test_one_mode_embeds_only_to_evaluate() -> None:
         ("source", 0, True, "largest"), ("target", 1, False, "largest")]
 
 
+def test_the_source_is_embedded_when_the_swapper_renders_from_its_embedding() -> None:
+    # what the swapper declares (Swapper.needs_source_embedding) decides, not its name
+    options = FuseOptions(evaluate=False, swapper="any_name")
+    assert jobs(options=options) == [
+        ("source", 0, False, "largest"), ("target", 1, False, "largest")]
+    assert jobs(options=FuseOptions(evaluate=False), source_embedding=True) == [
+        ("source", 0, True, "largest"), ("target", 1, False, "largest")]
+
+
 def test_a_face_index_or_many_mode_analyses_every_target_face() -> None:
     for options in (FuseOptions(mode="many", evaluate=False),
                     FuseOptions(target_face_index=2, evaluate=False)):

@@ -11,10 +11,10 @@ import pytest
 
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.detectors import Purpose
-from facefuse.fusion import occlusion, regions
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
-from facefuse.fusion.swappers.classic import WORK_EYE_PX, ClassicSwapper
+from facefuse.fusion.swappers.classic import occlusion, regions
+from facefuse.fusion.swappers.classic.swapper import WORK_EYE_PX, ClassicSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import face_outline_mask
 from facefuse.toolchain.synthetic import (

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.fusion import source_prep
-from facefuse.fusion import symmetry as sym
-from facefuse.fusion.source_prep import SourceCache, quantised_scale
-from facefuse.fusion.swappers import classic
-from facefuse.fusion.swappers.classic import ClassicSwapper
+from facefuse.fusion.swappers.classic import ClassicSwapper, source_prep
+from facefuse.fusion.swappers.classic import swapper as classic
+from facefuse.fusion.swappers.classic import symmetry as sym
+from facefuse.fusion.swappers.classic.source_prep import SourceCache, quantised_scale
 from facefuse.fusion.types import FuseOptions
 
 

@@ -14,10 +14,10 @@ from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.landmarker import EYE_CONTOUR_INDICES, MESH_POINTS
 from facefuse.faces.mesh_mirror import MIRROR
 from facefuse.faces.types import Face
-from facefuse.fusion import symmetry as sym
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import relative_pose
 from facefuse.fusion.swappers.classic import ClassicSwapper
+from facefuse.fusion.swappers.classic import symmetry as sym
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.warp import delaunay
 from facefuse.toolchain.mesh_symmetry import derive_mirror

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -37,16 +37,27 @@ from facefuse.faces.landmarker import MESH_POINTS
 from facefuse.fusion.geometry import eye_distance
 from facefuse.imaging.warp import MIN_AREA2, doubled_areas
 
-if TYPE_CHECKING:
-    from facefuse.fusion.eyes import IrisReading
-
-__all__ = ["MAX_RESIDUAL", "MAX_SCALE_CHANGE", "Carried"]
+__all__ = ["MAX_RESIDUAL", "MAX_SCALE_CHANGE", "Carried", "IrisReading"]
 
 #: A face whose mesh the similarity fits worse than this (root-mean-square, in eye
 #: distances) has turned or changed expression: its regions are found again.
 MAX_RESIDUAL = 0.02
 #: ... as is a face whose size changed by more than this share.
 MAX_SCALE_CHANGE = 0.1
+
+
+class IrisReading(NamedTuple):
+    """A face's eye colours, as the classic swapper reads them
+    (:func:`facefuse.fusion.swappers.classic.eyes.iris_colour`): medians (3,) of its
+    irises, of the skin under its eyes (the image's float type, float64 for uint8)
+    and of its eye whites (float64; None where too few of those show). A squint
+    may leave lid skin among the whites' pixels:
+    :data:`facefuse.fusion.swappers.classic.eyes.LIGHT_COLOUR_RANGE` bounds what
+    that can do."""
+
+    iris: np.ndarray
+    skin: np.ndarray
+    sclera: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ class Carried:
         points: (468, 2) float64 image pixels, the face's mesh when found (the
             similarity is fitted to its dense points).
         iris: the face's iris, under-eye and eye-white colours
-            (:func:`facefuse.fusion.eyes.iris_colour`), or None.
+            (:func:`facefuse.fusion.swappers.classic.eyes.iris_colour`), or None.
         cut: the face's neighbourhood reached past the image's edge when found (a
             face entering the frame): what lay beyond was not seen, so the next
             frame looks again.

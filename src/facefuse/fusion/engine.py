@@ -21,10 +21,7 @@ from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.types import Face
 from facefuse.fusion.mapping import FacePair, MappedFace, parse_mapping
 from facefuse.fusion.plan import Analyse, FuseRequest, Planned, Render, fuse_plan, quality
-from facefuse.fusion.swappers.base import FaceLayer, Swapper
-from facefuse.fusion.swappers.classic import ClassicSwapper
-from facefuse.fusion.swappers.contract import SWAP_TASK
-from facefuse.fusion.swappers.onnx import OnnxSwapper
+from facefuse.fusion.swappers import FaceLayer, Swapper, build_swappers
 from facefuse.fusion.types import FusedFace, FuseOptions, FusionResult
 from facefuse.imaging.blend import alpha_blend, alpha_blend_into, poisson_blend
 from facefuse.imaging.decode import ImageInput
@@ -76,13 +73,10 @@ class FaceFuser:
         self.analyser = analyser or FaceAnalyser(self.settings)
         #: Where the remap, lighting and multi-band blend run (``FACEFUSE_PIXEL_BACKEND``).
         self.pixels = pixel_backend(self.settings)
-        self.swappers: dict[str, Swapper] = {"classic": ClassicSwapper(
-            pixels=self.pixels, side_threads=self.settings.render_side_threads)}
-        # Every manifest "swap" entry, loaded on first use (see docs/swappers.md).
-        registry = self.analyser.registry
-        for spec in registry.manifest.for_task(SWAP_TASK):
-            if spec.base is None:
-                self.swappers.setdefault(spec.name, OnnxSwapper(registry, spec.name))
+        #: Every available swapper by name (the classic one on :attr:`pixels`), then
+        #: ``swappers`` (added or replacing by name).
+        self.swappers: dict[str, Swapper] = build_swappers(
+            self.settings, self.analyser.registry, pixels=self.pixels)
         if swappers:
             self.swappers.update(swappers)
 
@@ -92,6 +86,15 @@ class FaceFuser:
             close = getattr(swapper, "close", None)
             if close is not None:
                 close()
+
+    def swapper(self, name: str) -> Swapper:
+        """The swapper called ``name``; ``unknown_swapper`` when there is none."""
+        try:
+            return self.swappers[name]
+        except KeyError:
+            raise InvalidArgumentError(
+                f"unknown swapper {name!r} (have: {', '.join(sorted(self.swappers))})",
+                code="unknown_swapper") from None
 
     # ---- the pipeline ---------------------------------------------------------------
 
@@ -136,7 +139,8 @@ class FaceFuser:
             raise InvalidArgumentError("no source image given", code="source_missing")
         req = FuseRequest(options, len(sources),
                           parse_mapping(mapping) if mapping is not None else None,
-                          reference=reference is not None)
+                          reference=reference is not None,
+                          source_embedding=self.swapper(options.swapper).needs_source_embedding)
         timer = StageTimer()
         t = time.perf_counter()
         images = [self.analyser.decode(s) for s in [*sources, target]]
@@ -209,12 +213,7 @@ class FaceFuser:
         its target face, one after another on the same output image: a copy of
         ``target_rgb``, or (``in_place``: the caller's own image, not needed
         afterwards) ``target_rgb`` itself, which spares a full-frame copy."""
-        try:
-            swapper = self.swappers[options.swapper]
-        except KeyError:
-            raise InvalidArgumentError(
-                f"unknown swapper {options.swapper!r} (have: {', '.join(sorted(self.swappers))})",
-                code="unknown_swapper") from None
+        swapper = self.swapper(options.swapper)
         timer = StageTimer()
         t = time.perf_counter()
         # (Never into an image a source shares: the later pairs read the sources.)

@@ -67,6 +67,10 @@ class FuseRequest:
         target_size: ``(width, height)`` those faces were found in.
         target_purpose: the detector purpose of the target's analysis, instead of
             the one the mode implies.
+        source_embedding: the swapper ``options.swapper`` names reads the source
+            face's identity embedding (its
+            :attr:`~facefuse.fusion.swappers.base.Swapper.needs_source_embedding`,
+            which the driver looks up).
     """
 
     options: FuseOptions
@@ -77,6 +81,7 @@ class FuseRequest:
     target_faces: tuple[Face, ...] | None = None
     target_size: tuple[int, int] | None = None
     target_purpose: Purpose | None = None
+    source_embedding: bool = False
 
     @property
     def uses_reference(self) -> bool:
@@ -161,7 +166,8 @@ def quality(models: FaceModels, output: np.ndarray, target: np.ndarray, source_f
 
 def _jobs(req: FuseRequest) -> tuple[ImageJob, ...]:
     opts, n = req.options, req.sources
-    needs = IdentityNeeds.of(opts, similarity=req.similarity, mapping=bool(req.mapping))
+    needs = IdentityNeeds.of(opts, similarity=req.similarity, mapping=bool(req.mapping),
+                             source_embedding=req.source_embedding)
     purposes = detect_purposes(opts, req.mapping)
     jobs = [ImageJob("source", i, needs.source, purposes.source) for i in range(n)]
     if req.target_faces is None:

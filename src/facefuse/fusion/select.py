@@ -40,8 +40,10 @@ MAX_ABS_YAW_DEG = 50.0
 class IdentityNeeds:
     """Which analyses need identity embeddings for a fusion request.
 
-    The classic swapper works on geometry alone; embeddings are needed to report
-    quality or similarity, to find the reference person, or to feed a neural swapper.
+    A swapper declares whether it renders from the source's embedding
+    (:attr:`~facefuse.fusion.swappers.base.Swapper.needs_source_embedding`: a
+    neural one does, the classic one works on geometry alone); embeddings are
+    needed besides to report quality or similarity, or to find the reference person.
     """
 
     source: bool
@@ -49,13 +51,14 @@ class IdentityNeeds:
 
     @classmethod
     def of(cls, options: FuseOptions, *, similarity: bool = False,
-           mapping: bool = False) -> IdentityNeeds:
+           mapping: bool = False, source_embedding: bool = False) -> IdentityNeeds:
         """The needs of ``options``; ``similarity``: the caller scores the output
         against the source; ``mapping``: the request has one (its target faces are
-        named, not found by identity: embedded only to evaluate)."""
+        named, not found by identity: embedded only to evaluate);
+        ``source_embedding``: the swapper renders from the source's embedding."""
         reference = options.mode == "reference" and not mapping
         return cls(
-            source=options.evaluate or similarity or options.swapper != "classic",
+            source=options.evaluate or similarity or source_embedding,
             target=options.evaluate or reference,
         )
 

@@ -12,7 +12,7 @@ triangle is then looked at in the source:
 
 :func:`source_visibility` gives that per triangle and :func:`visible_fraction`
 the share of the target face the source shows well (``visible_fraction`` in the
-quality figures). The fusion's symmetric fill (:mod:`facefuse.fusion.symmetry`)
+quality figures). The fusion's symmetric fill (:mod:`facefuse.fusion.swappers.classic.symmetry`)
 scores triangles the same way, as a continuous weight, and takes what the source
 hides from the mirrored other half of its face.
 """

@@ -575,7 +575,8 @@ class Pipeline:
             tuple(mapping) if mapping else None, reference=reference is not None,
             similarity=similarity, target_faces=known.faces if known is not None else None,
             target_size=(known.width, known.height) if known is not None else None,
-            target_purpose=target_purpose)
+            target_purpose=target_purpose,
+            source_embedding=self.fuser.swapper(options.swapper).needs_source_embedding)
         blobs = [*sources, target]
         if req.uses_reference:
             assert reference is not None

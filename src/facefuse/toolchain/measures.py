@@ -14,7 +14,7 @@ import numpy as np
 
 from facefuse.faces import topology as topo
 from facefuse.fusion.geometry import eye_distance
-from facefuse.fusion.occlusion import fit_skin_model, skin_probability
+from facefuse.fusion.swappers.classic.occlusion import fit_skin_model, skin_probability
 from facefuse.imaging.color import rgb_to_lab
 
 #: A kept occluder pixel may differ from its original by at most this (grey levels, any channel).

@@ -24,10 +24,10 @@ import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
-from facefuse.fusion.detail import LUMA
-from facefuse.fusion.eyes import iris_circle
 from facefuse.fusion.geometry import eye_distance, eye_groups
 from facefuse.fusion.mask import eyes_mask
+from facefuse.fusion.swappers.classic.detail import LUMA
+from facefuse.fusion.swappers.classic.eyes import iris_circle
 
 #: The photo variants of :func:`variant`.
 VARIANTS = ("native", "mirrored", "tilt+12", "tilt-12", "relit")

@@ -32,7 +32,7 @@ import numpy as np
 
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.regions import beard_zone
+from facefuse.fusion.swappers.classic.regions import beard_zone
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import (
     face_outline_mask,
@@ -183,7 +183,7 @@ def facial_hair_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: Fac
     """(leaked share, darkening, darkening against the target, output) of fusing
     ``src`` wearing the donor's hair into the clean-shaven ``tgt``.
 
-    Over the target's beard zone (:func:`facefuse.fusion.regions.beard_zone`, where
+    Over the target's beard zone (:func:`facefuse.fusion.swappers.classic.regions.beard_zone`, where
     the source's hair lands): the darkening is the mean luma (grey levels) the
     hair takes off the output against fusing the clean ``src``, and the mean the
     output is darker than the target itself. The leaked share is the mean luma

@@ -2,6 +2,8 @@
 
 A swapper renders the new face over a region of the target; the engine then
 blends it in with the chosen blend mode and pastes back only that region.
+What the rest of the fusion needs to know of a swapper is declared on it here
+(:class:`Swapper`'s properties), never read off its name.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ class Swapper(Protocol):
     """Renders the source identity onto one target face."""
 
     name: str
+
+    @property
+    def needs_source_embedding(self) -> bool:
+        """Whether :meth:`render` reads the source face's identity embedding
+        (``Face.embedding``): the source photos are then analysed with the
+        recogniser."""
+        ...
 
     @property
     def fork_safe(self) -> bool:

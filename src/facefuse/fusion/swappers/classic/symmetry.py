@@ -44,8 +44,8 @@ import numpy as np
 
 from facefuse.faces.landmarker import MESH_POINTS
 from facefuse.faces.mesh_mirror import MIRROR
-from facefuse.fusion.light import vertex_normals
-from facefuse.fusion.occlusion import outline_mask, skin_vertices
+from facefuse.fusion.swappers.classic.light import vertex_normals
+from facefuse.fusion.swappers.classic.occlusion import outline_mask, skin_vertices
 from facefuse.imaging.channels import each_channel
 
 #: Foreshortening ratio (source over target) at and below which a triangle counts

@@ -22,8 +22,8 @@ import cv2
 import numpy as np
 
 from facefuse.fusion import mask as masks
-from facefuse.fusion import occlusion as occ
 from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.swappers.classic import occlusion as occ
 from facefuse.imaging.channels import each_channel
 from facefuse.imaging.pixels import masked_blur
 from facefuse.imaging.stats import median

@@ -37,7 +37,7 @@ where it can be, and judged as a region:
   where they connect to the edge within the band.
 
 :func:`face_occluders` is the union, on the face's crop, at the scale of the
-occluder masks (:func:`facefuse.fusion.occlusion.occluder_mask` with regions);
+occluder masks (:func:`facefuse.fusion.swappers.classic.occlusion.occluder_mask` with regions);
 :func:`worn_regions` the two regions alone (they move with the face: a clip
 finds them once and carries them over a few frames).
 
@@ -54,8 +54,8 @@ import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
-from facefuse.fusion import occlusion as occ
 from facefuse.fusion.geometry import eye_distance
+from facefuse.fusion.swappers.classic import occlusion as occ
 from facefuse.imaging.stats import median
 
 #: Beard zone: below a top edge at this height (0 at the eyes, 1 at the mouth
@@ -129,8 +129,8 @@ class _Frame:
     along the face's own down axis), side ``s`` (-1..1 across the face outline's
     width), ``midline`` (``s`` less the nose base's: 0 on the face's midline), the
     outline ``face`` (bool) and the feature masks ``feats``
-    (:func:`facefuse.fusion.occlusion.feature_masks`); the mesh's ``skin``
-    vertices (:func:`facefuse.fusion.occlusion.skin_vertices`, given or found)."""
+    (:func:`facefuse.fusion.swappers.classic.occlusion.feature_masks`); the mesh's ``skin``
+    vertices (:func:`facefuse.fusion.swappers.classic.occlusion.skin_vertices`, given or found)."""
 
     def __init__(self, lm: np.ndarray, shape: tuple[int, int],
                  skin: np.ndarray | None = None) -> None:
@@ -281,7 +281,7 @@ def _reference(values: tuple[np.ndarray, ...], ys: np.ndarray, xs: np.ndarray,
 def _on_box(image: np.ndarray, lm: np.ndarray, box: tuple[int, int, int, int],
             scale: float, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
     """``fn`` on the ``box`` (x0, y0, x1, y1) of ``image`` resized by ``scale`` ≤ 1
-    (:func:`facefuse.fusion.occlusion.on_box`), its mask binarised (> 0.5) into an
+    (:func:`facefuse.fusion.swappers.classic.occlusion.on_box`), its mask binarised (> 0.5) into an
     (H, W) float32 mask."""
     m = occ.on_box(image, lm, box, fn, scale=scale, min_side=8)
     out: np.ndarray = (m > 0.5).astype(np.float32)
@@ -718,14 +718,14 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
 def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1.0,
                    glasses: bool = False, facial_hair: bool = False, hairline: bool = False,
                    rim_grow: float = 0.0) -> np.ndarray:
-    """(H, W) float32: :func:`facefuse.fusion.occlusion.occluder_mask` together
+    """(H, W) float32: :func:`facefuse.fusion.swappers.classic.occlusion.occluder_mask` together
     with the face's glasses, facial hair and/or scalp hair at its outline
     (``hairline``) as regions, on the same crop and scale
     — except the glasses, always looked for at the image's own resolution (a
     frame is a line a pixel or two wide there; shrunk further it breaks up, and
     whether it is found would hang on a few percent of scale): what of the face is
     not its skin, to be kept on a target and rejected from a source. ``rim_grow``:
-    see :func:`facefuse.fusion.occlusion.occluders_on_crop`."""
+    see :func:`facefuse.fusion.swappers.classic.occlusion.occluders_on_crop`."""
     lm = np.asarray(landmarks, np.float64)
     finders: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = [
         functools.partial(occ.occluders_on_crop, rim_grow=rim_grow)]

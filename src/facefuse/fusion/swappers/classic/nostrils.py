@@ -18,8 +18,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from facefuse.fusion.detail import LUMA
 from facefuse.fusion.geometry import eye_distance, head_pose
+from facefuse.fusion.swappers.classic.detail import LUMA
 from facefuse.imaging.stats import median
 
 __all__ = ["area", "lacking", "openings", "pose_share", "soften"]

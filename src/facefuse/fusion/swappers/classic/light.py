@@ -8,7 +8,7 @@ harmonics of the surface normal (Ramamoorthi & Hanrahan 2001), and Bitouk et al.
 1. per-vertex normals (N, 3) from the mesh's triangles, oriented toward the
    camera, in a frame with x right, y up, z toward the viewer;
 2. the observed colour at reliably-skin vertices (see
-   :func:`facefuse.fusion.occlusion.skin_vertices`) is fitted per channel as
+   :func:`facefuse.fusion.swappers.classic.occlusion.skin_vertices`) is fitted per channel as
    ``Y(n) @ c`` — ``c`` (9, 3) absorbs the constant albedo — by ridge-regularised
    least squares (the first and second bands are damped: a face shows only a
    hemisphere of normals, so the fit is otherwise ill-conditioned);
@@ -26,9 +26,9 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from facefuse.fusion.detail import LUMA
 from facefuse.fusion.geometry import eye_distance
-from facefuse.fusion.occlusion import skin_vertices
+from facefuse.fusion.swappers.classic.detail import LUMA
+from facefuse.fusion.swappers.classic.occlusion import skin_vertices
 from facefuse.imaging.channels import each_channel
 from facefuse.imaging.stats import median
 

@@ -43,8 +43,9 @@ How a face's occluders are found (all from the mesh and the pixels, no model):
 A dense dark beard is caught by this rule, but stubble, a thin moustache and
 thin glasses frames are not (they differ little from skin pixel by pixel, or
 break into islands below :data:`MIN_OCCLUDER_AREA`): they are found as regions
-by :mod:`facefuse.fusion.regions`, whose :func:`~facefuse.fusion.regions.face_occluders`
-is this mask together with them (:func:`on_face_crop` runs both on one crop).
+by :mod:`facefuse.fusion.swappers.classic.regions`, whose
+:func:`~facefuse.fusion.swappers.classic.regions.face_occluders` is this mask
+together with them (:func:`on_face_crop` runs both on one crop).
 
 Images are (H, W, 3) RGB uint8 or float 0..255; landmarks (N, 3) pixels in the
 same frame; masks (H, W) float32 in [0, 1].

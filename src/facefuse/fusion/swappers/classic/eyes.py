@@ -15,15 +15,14 @@ float32 0-255 in the frame of those landmarks.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
 from facefuse.fusion import mask as masks
-from facefuse.fusion.detail import LUMA
+from facefuse.fusion.carry import IrisReading
 from facefuse.fusion.geometry import eye_groups
+from facefuse.fusion.swappers.classic.detail import LUMA
 from facefuse.imaging.channels import each_channel
 from facefuse.imaging.stats import median
 
@@ -70,18 +69,6 @@ LIGHT_COLOUR_RANGE = (0.85, 1.18)
 #: catchlights, or the sclera where the landmarks' disc overshoots the limbus):
 #: they keep their own colour (ramp from the first to the second factor).
 HIGHLIGHT_RAMP = (1.15, 1.6)
-
-
-class IrisReading(NamedTuple):
-    """A face's eye colours, as read by :func:`iris_colour`: medians (3,) of its
-    irises, of the skin under its eyes (the image's float type, float64 for uint8)
-    and of its eye whites (float64; None where too few of those show). A squint
-    may leave lid skin among the whites' pixels: :data:`LIGHT_COLOUR_RANGE`
-    bounds what that can do."""
-
-    iris: np.ndarray
-    skin: np.ndarray
-    sclera: np.ndarray | None
 
 
 def iris_circle(landmarks: np.ndarray, iris: tuple[int, ...]) -> tuple[np.ndarray, float]:

@@ -17,7 +17,7 @@ from facefuse.faces.align import (
 )
 from facefuse.faces.recognizer import normalize
 from facefuse.fusion import mask as masks
-from facefuse.fusion.swappers.contract import ARCFACE_TEMPLATES, DLIB_TEMPLATE, OUTPUT_RANGES
+from facefuse.fusion.swappers.onnx.contract import ARCFACE_TEMPLATES, DLIB_TEMPLATE, OUTPUT_RANGES
 
 #: Mesh points for the ArcFace order: image-left iris centre, image-right iris centre,
 #: nose tip, image-left mouth corner, image-right mouth corner. The refined mesh

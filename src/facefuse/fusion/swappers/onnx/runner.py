@@ -1,8 +1,8 @@
 """The neural swapper plug-in: inswapper-style ONNX face-swap models from the manifest.
 
 A user drops a face-swap model into the model directory and declares it in
-``manifest.json`` with ``task: "swap"``; :class:`~facefuse.fusion.engine.FaceFuser`
-registers every such entry as an :class:`OnnxSwapper` under the entry's name
+``manifest.json`` with ``task: "swap"``; :func:`~facefuse.fusion.swappers.build_swappers`
+makes every such entry an :class:`OnnxSwapper` under the entry's name
 (``facefuse fuse --swapper NAME``). The contract (see ``docs/swappers.md``):
 
 * inputs, in manifest order: ``target`` ``[N, 3, S, S]`` float32 — the target
@@ -41,7 +41,7 @@ from facefuse.faces.types import Face
 from facefuse.fusion import mask as masks
 from facefuse.fusion.carry import Carried
 from facefuse.fusion.swappers.base import FaceLayer
-from facefuse.fusion.swappers.contract import (
+from facefuse.fusion.swappers.onnx.contract import (
     ANALYSER_RECOGNIZER,
     DLIB_TEMPLATE,
     EMBED_TASK,
@@ -52,7 +52,7 @@ from facefuse.fusion.swappers.contract import (
     parse_contract,
     static_dim,
 )
-from facefuse.fusion.swappers.crop import (
+from facefuse.fusion.swappers.onnx.crop import (
     align_transform,
     crop_face,
     from_tensor,
@@ -245,6 +245,13 @@ class OnnxSwapper:
         mask = masks.oval_mask(tgt_lm, region, feather) * valid
         face = bg + np.float32(options.texture_weight) * (swapped - bg)
         return FaceLayer(region, face.astype(np.float32), mask.astype(np.float32), tgt_lm)
+
+    @property
+    def needs_source_embedding(self) -> bool:
+        """Yes: the source latent is made from an identity embedding (the analyser's,
+        ``Face.embedding``, unless ``extra.recognizer`` names another model); known
+        without loading the model, so a broken entry still fails on first use."""
+        return True
 
     @property
     def fork_safe(self) -> bool:

@@ -10,7 +10,7 @@
    target's own mouth interior (teeth, tongue) kept when its mouth is open.
    What the source hides from the fused pose, or lacks beyond its face outline,
    comes from the mirrored other half of the source face
-   (:mod:`facefuse.fusion.symmetry`), else from the target.
+   (:mod:`facefuse.fusion.swappers.classic.symmetry`), else from the target.
 """
 
 from __future__ import annotations
@@ -27,14 +27,19 @@ import cv2
 import numpy as np
 
 from facefuse.faces.types import Face
-from facefuse.fusion import detail, eyes, light, nostrils, regions, specular
 from facefuse.fusion import mask as masks
-from facefuse.fusion import occlusion as occ
-from facefuse.fusion import symmetry as sym
 from facefuse.fusion.carry import Carried
 from facefuse.fusion.geometry import eye_distance, fused_shape
-from facefuse.fusion.source_prep import UNCACHED, SourceCache, SourceEntry, quantised_scale
 from facefuse.fusion.swappers.base import FaceLayer
+from facefuse.fusion.swappers.classic import detail, eyes, light, nostrils, regions, specular
+from facefuse.fusion.swappers.classic import occlusion as occ
+from facefuse.fusion.swappers.classic import symmetry as sym
+from facefuse.fusion.swappers.classic.source_prep import (
+    UNCACHED,
+    SourceCache,
+    SourceEntry,
+    quantised_scale,
+)
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.channels import copy_where, each_channel
 from facefuse.imaging.color import match_sharpness
@@ -51,7 +56,7 @@ MESH_POINTS = 468
 #: Share of the target's own eye openings (sclera, iris, catchlights) kept in the
 #: layer: the opening and the gaze are expression, and the source's eye squeezed
 #: into the target's opening reads as a cloudy, half-shut or wandering eye. The
-#: source's iris colour is given to them (see :mod:`facefuse.fusion.eyes`).
+#: source's iris colour is given to them (see :mod:`facefuse.fusion.swappers.classic.eyes`).
 EYE_KEEP = 1.0
 #: Share of the target's closed lips kept when the source's mouth is open.
 SOURCE_OPEN_LIPS_KEEP = 1.0
@@ -71,7 +76,7 @@ SOURCE_OVERSAMPLE = 1.25
 
 #: Faces whose outer eye corners are further apart than this (pixels) are
 #: rendered at a reduced working resolution (the layer is put together at full
-#: resolution, :mod:`facefuse.fusion.detail`): the cost then stops growing with
+#: resolution, :mod:`facefuse.fusion.swappers.classic.detail`): the cost then stops growing with
 #: face size. At 80 rather than 96 the fusion stage costs 0.83× at 1.5 MP, with
 #: the same detail, degree-1 PSNR, identity and occluder figures.
 WORK_EYE_PX = 80.0
@@ -130,7 +135,7 @@ def _crop_scaled(
 def _without_highlights(crop: detail.Scaled, small: np.ndarray, landmarks: np.ndarray
                         ) -> tuple[detail.Scaled, np.ndarray]:
     """The source crop and its working copy with the skin's specular highlights
-    taken out (:mod:`facefuse.fusion.specular`), found at the working scale and
+    taken out (:mod:`facefuse.fusion.swappers.classic.specular`), found at the working scale and
     applied at both."""
     small, weight, mean = specular.suppress(small, landmarks)
     if mean is None:
@@ -263,7 +268,7 @@ class _Inline(Executor):
 
 def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
                scale: float = 1.0, rim_grow: float = 0.0, source: bool = False) -> np.ndarray:
-    """The face's occluders (see :func:`facefuse.fusion.regions.face_occluders`),
+    """The face's occluders (see :func:`facefuse.fusion.swappers.classic.regions.face_occluders`),
     glasses and facial hair as the options ask for the ``source`` or the target,
     and the ``source``'s scalp hair inside its outline (never carried over)."""
     return regions.face_occluders(image, landmarks, scale=scale, glasses=options.glasses,
@@ -379,7 +384,7 @@ class ClassicSwapper:
 
     ``pixels``: where the remaps and the lighting transfer run (default OpenCV).
     ``cache_sources``: keep the source-side work per source image
-    (:mod:`facefuse.fusion.source_prep`; a clip's frames share it).
+    (:mod:`facefuse.fusion.swappers.classic.source_prep`; a clip's frames share it).
     ``side_threads``: threads that run renders' source sides beside their target
     sides (0: in the calling thread). The two halves are independent, and much of
     each is NumPy/OpenCV work that releases the GIL, so with idle cores beyond
@@ -401,6 +406,11 @@ class ClassicSwapper:
         self.side_threads = side_threads
         self._reset_side()
         _SWAPPERS.add(self)
+
+    @property
+    def needs_source_embedding(self) -> bool:
+        """No: the render works on the meshes and the pixels alone."""
+        return False
 
     @property
     def fork_safe(self) -> bool:
