@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -369,3 +371,44 @@ def test_a_job_outlives_a_redis_outage_longer_than_a_minute(
         assert done["status"] == "succeeded", done
         assert done["progress"]["frames_done"] == LONG_FRAMES
         assert c.get(loc + "/result").status_code == 200
+
+
+def test_readyz_says_degraded_while_the_job_queue_is_down(
+        api_factory: Callable[..., ServerProcess], jobs_redis: Any) -> None:
+    """Every job route answers 503 while the queue's Redis is away: readiness says so."""
+    api = api_factory()
+
+    def ready() -> dict[str, Any]:
+        r = httpx.get(api.url + "/readyz", timeout=30)
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+    assert ready()["status"] == "ready" and ready()["checks"]["jobs_reachable"] is True
+    jobs_redis.kill()
+    down = ready()
+    assert down["status"] == "degraded" and down["checks"]["jobs_reachable"] is False
+    jobs_redis.start()
+    assert ready()["status"] == "ready"
+
+
+def test_a_starting_worker_removes_what_killed_workers_left(
+        settings: Settings, model_dir: Path, jobs_redis: Any, tmp_path: Path) -> None:
+    """A worker killed mid-job leaves its job directory (the user's clip) behind: the
+    next worker on that temporary directory removes it, and leaves a live one's."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = tmp / f"facefuse-job-{gone.pid}-abc"
+    orphan.mkdir()
+    (orphan / "clip").write_bytes(b"a user's clip")
+    running = tmp / f"facefuse-job-{os.getpid()}-def"
+    running.mkdir()
+    w = WorkerProcess(settings.home, tmp_path, jobs_redis.url, env={"TMPDIR": str(tmp)},
+                      name="sweeper")
+    try:
+        w.start()
+        assert not orphan.exists() and running.exists(), w.log_tail()
+    finally:
+        w.kill()

@@ -163,6 +163,28 @@ def request_digest(kind: str, files: Mapping[str, bytes], options: Mapping[str, 
     return h.hexdigest()
 
 
+#: Socket and connect timeout of the readiness probe's client, seconds.
+PING_TIMEOUT_S = 1.0
+
+
+def ping_client(settings: Settings) -> Any:
+    """A Redis client of the job queue for readiness probes (short timeouts)."""
+    import redis
+
+    return redis.Redis.from_url(jobs_redis_url(settings), socket_timeout=PING_TIMEOUT_S,
+                                socket_connect_timeout=PING_TIMEOUT_S)
+
+
+def reachable(client: Any) -> bool:
+    """Whether ``client``'s Redis answers a PING (blocking: at most its timeouts)."""
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
 def new_job_id() -> str:
     """A random job id (URL-safe, 22 characters)."""
     return secrets.token_urlsafe(16)

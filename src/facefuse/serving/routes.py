@@ -394,8 +394,9 @@ async def healthz() -> dict[str, str]:
             tags=["health"])
 async def readyz(request: Request) -> JSONResponse:
     """200 ``ready``; 200 ``degraded`` while a configured Redis is unreachable (requests
-    still succeed, without the shared L2) or while the template store is unreachable or
-    not durable (``templates_durable: false``, the reason in ``templates_warning``); 503
+    still succeed, without the shared L2; the job queue's: every job route answers 503
+    meanwhile) or while the template store is unreachable or not durable
+    (``templates_durable: false``, the reason in ``templates_warning``); 503
     ``not_ready`` while loading or draining."""
     svc = services(request)
     pipeline = svc.pipeline
@@ -406,10 +407,12 @@ async def readyz(request: Request) -> JSONResponse:
     store = svc.templates
     health = await store.health() if store is not None else None
     templates_ok = health is None or (health.reachable and health.durable is not False)
+    jobs_ok = await _jobs_reachable(request)
     if not (models_ok and batchers_ok) or svc.draining:
         status, code = "not_ready", 503
     else:
-        status, code = ("ready" if l2_ok and templates_ok else "degraded"), 200
+        healthy = l2_ok and templates_ok and jobs_ok is not False
+        status, code = ("ready" if healthy else "degraded"), 200
     checks: dict[str, Any] = {"models": models_ok, "batchers": batchers_ok,
                               "l2": svc.l2.kind, "l2_healthy": l2_ok,
                               "draining": svc.draining}
@@ -418,7 +421,22 @@ async def readyz(request: Request) -> JSONResponse:
                        "templates_durable": health.durable})
         if health.reason:
             checks["templates_warning"] = health.reason
+    if jobs_ok is not None:
+        checks["jobs_reachable"] = jobs_ok
     return JSONResponse({"status": status, "checks": checks}, status_code=code)
+
+
+async def _jobs_reachable(request: Request) -> bool | None:
+    """Whether the job queue's Redis answers (None: no job queue configured)."""
+    settings = services(request).settings
+    if not settings.jobs_redis_url:
+        return None
+    from facefuse.serving.jobs import ping_client, reachable
+
+    client = getattr(request.app.state, "jobs_ping", None)
+    if client is None:
+        client = request.app.state.jobs_ping = ping_client(settings)
+    return await asyncio.to_thread(reachable, client)
 
 
 @router.get("/metrics", summary="Prometheus metrics", tags=["health"],

@@ -38,6 +38,13 @@ Memory: after every job the worker collects garbage and gives the C heap's free
 pages back (:func:`facefuse.serving.heap.release_free_heap`), so a clip that failed
 half-way leaves the worker where it was before it.
 
+Temporary files: a clip job works in a temporary directory named after the
+worker's pid (``facefuse-job-<pid>-…``, the user's clip and the output being
+written), removed when the job ends. One left by a worker that was killed is
+removed when a worker starts on the same temporary directory (its pid is gone),
+and every minute any older than ``jobs_timeout_s`` plus the shutdown margin
+(no job runs that long): :func:`sweep_temporaries`.
+
 Metrics (Prometheus, ``--metrics-port``): ``facefuse_jobs_total{kind,outcome}``,
 ``facefuse_job_duration_seconds{kind}``, ``facefuse_job_fps``,
 ``facefuse_jobs_queued`` and ``facefuse_jobs_oldest_queued_seconds``.
@@ -50,6 +57,7 @@ import faulthandler
 import gc
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -227,7 +235,7 @@ class JobRunner:
                 checked[1] = best_effort(self.store.cancel_requested, job_id, default=False)
             return bool(checked[1])
 
-        with tempfile.TemporaryDirectory(prefix="facefuse-job-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
             clip = Path(tmp) / "clip"
             clip.write_bytes(files["clip"])
             out = Path(tmp) / f"out.{out_format}"
@@ -235,6 +243,43 @@ class JobRunner:
                                            reference=reference, progress=progress,
                                            cancelled=cancelled)
             return out.read_bytes(), _CLIP_TYPES[out_format], report.to_dict()
+
+
+#: The name of a job's temporary directory starts with this and the worker's pid.
+TMP_PREFIX = "facefuse-job-"
+#: Seconds between two sweeps of old job directories by a running worker.
+SWEEP_EVERY_S = 60.0
+
+
+def sweep_temporaries(max_age_s: float, root: Path | None = None) -> int:
+    """Remove the job directories under ``root`` (the temporary directory) that no
+    running job owns: those of a process that is gone (a worker that was killed),
+    and any older than ``max_age_s``. Returns how many were removed."""
+    root = Path(root or tempfile.gettempdir())
+    removed = 0
+    now = time.time()
+    for path in root.glob(f"{TMP_PREFIX}*"):
+        pid_text = path.name[len(TMP_PREFIX):].split("-", 1)[0]
+        try:
+            old = now - path.lstat().st_mtime > max_age_s
+        except OSError:
+            continue
+        if old or (pid_text.isdigit() and not _alive(int(pid_text))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += not path.exists()
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def in_flight() -> Any:
@@ -278,9 +323,15 @@ class WorkerMetrics:
         self.oldest = Gauge("facefuse_jobs_oldest_queued_seconds",
                             "Age of the oldest queued job", registry=self.registry)
 
-    def poll(self, store: JobStore, stop: threading.Event) -> None:
-        """Refresh the queue gauges every few seconds until ``stop``."""
+    def poll(self, store: JobStore, stop: threading.Event,
+             sweep: Callable[[], object] | None = None) -> None:
+        """Refresh the queue gauges every few seconds, and call ``sweep`` every
+        :data:`SWEEP_EVERY_S`, until ``stop``."""
+        swept = time.monotonic()
         while not stop.wait(5.0):
+            if sweep is not None and time.monotonic() - swept >= SWEEP_EVERY_S:
+                swept = time.monotonic()
+                sweep()
             try:
                 n, age = store.queue_stats()
             except Exception:  # Redis away: the gauges keep their last values
@@ -297,6 +348,13 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
     from dramatiq import Worker
 
     frame_threads_only()  # before any thread: its work is mostly clips
+    max_age = settings.jobs_timeout_s + SHUTDOWN_MARGIN_S
+
+    def sweep() -> object:
+        return sweep_temporaries(max_age)
+
+    if n := sweep_temporaries(max_age):
+        log.warning("removed %d job directories left by stopped workers", n)
     q = broker(settings)
     flight = in_flight()
     q.add_middleware(flight)
@@ -314,7 +372,7 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, registry=metrics.registry)
-    threading.Thread(target=metrics.poll, args=(store, stop), daemon=True,
+    threading.Thread(target=metrics.poll, args=(store, stop, sweep), daemon=True,
                      name="queue-gauges").start()
 
     def on_signal(signum: int, _frame: object) -> None:
