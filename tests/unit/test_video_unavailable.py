@@ -54,8 +54,9 @@ def test_job_route_defers_the_header_to_the_worker(clip_path: Path,
     limits = VideoLimits(max_frames=3)
     with pytest.raises(VideoTooLargeError):  # with PyAV: the header is checked here
         _probe_clip(data, limits)
-    assert _probe_clip(data, VideoLimits()) == 6
+    info = _probe_clip(data, VideoLimits())
+    assert info is not None and info.expected_frames == 6
     monkeypatch.setitem(sys.modules, "av", None)
-    assert _probe_clip(data, limits) == 0  # unknown: the worker probes it
+    assert _probe_clip(data, limits) is None  # unknown: the worker probes it
     with pytest.raises(VideoTooLargeError):  # bytes are still refused before queueing
         _probe_clip(data, VideoLimits(max_bytes=len(data) - 1))
