@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import base64
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 from server_harness import USER_TOKEN, ServerProcess, graceful
+from test_playground import wait_for
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
@@ -92,17 +92,6 @@ def browser(tmp_path: Path, camera_clip: tuple[Path, np.ndarray]) -> Iterator[An
         yield driver
     finally:
         driver.quit()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 CAPTURE = """

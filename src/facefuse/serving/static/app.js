@@ -12,7 +12,8 @@ function authHeaders() {
 }
 
 async function api(path, options = {}) {
-  const response = await fetch(path, { ...options, headers: { ...authHeaders() } });
+  const response = await fetch(path, { ...options,
+                                      headers: { ...authHeaders(), ...options.headers } });
   if (!response.ok) {
     let message = "HTTP " + response.status;
     try {

@@ -6,19 +6,8 @@
 "use strict";
 
 (() => {
+  // app.js's api(): the key's Bearer header, and an error's "code: message" thrown.
   const byId = (id) => document.getElementById(id);
-  const headers = (extra = {}) => {
-    const key = byId("key").value.trim();
-    return key ? { ...extra, Authorization: "Bearer " + key } : extra;
-  };
-  const errorText = async (response) => {
-    try {
-      const body = await response.json();
-      return body.error.code + ": " + body.error.message;
-    } catch (_) {
-      return "HTTP " + response.status;
-    }
-  };
 
   const panel = document.createElement("section");
   panel.className = "panel result";
@@ -74,9 +63,7 @@
     if (file) {
       const form = new FormData();
       form.append("source", file);
-      const response = await fetch("/v1/live/sources", { method: "POST", body: form,
-                                                           headers: headers() });
-      if (!response.ok) throw new Error(await errorText(response));
+      const response = await api("/v1/live/sources", { method: "POST", body: form });
       return { source_id: (await response.json()).id };
     }
     const template = byId("template").value;
@@ -146,10 +133,9 @@
       await pc.setLocalDescription(await pc.createOffer());
       await gathered(pc);
       say("Starting the session…");
-      const response = await fetch("/v1/live?" + new URLSearchParams(params), {
+      const response = await api("/v1/live?" + new URLSearchParams(params), {
         method: "POST", body: pc.localDescription.sdp,
-        headers: headers({ "Content-Type": "application/sdp" }) });
-      if (!response.ok) throw new Error(await errorText(response));
+        headers: { "Content-Type": "application/sdp" } });
       location = response.headers.get("Location");
       panel.dataset.session = location;
       await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
@@ -175,9 +161,13 @@
     shownAt = [];
     running(false);
     if (ending) {
-      const response = await fetch(ending, { method: "DELETE", headers: headers() });
-      if (tell) say(response.ok || response.status === 404 ? "Stopped." :
-                    await errorText(response), !(response.ok || response.status === 404));
+      try {
+        await api(ending, { method: "DELETE" });
+        if (tell) say("Stopped.");
+      } catch (error) {  // 404: it had ended already (reaped)
+        const gone = String(error.message).startsWith("live_session_not_found");
+        if (tell) say(gone ? "Stopped." : error.message, !gone);
+      }
     }
     panel.dataset.stopped = "true";
   }
