@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from facefuse.errors import InvalidVideoError, VideoTooLargeError
 from facefuse.toolchain.hostile_clips import swollen_clip, undated_clip
+from facefuse.video.codecs import encoder
 from facefuse.video.engine import _Pipe
-from facefuse.video.io import Frame, VideoLimits, VideoReader, probe
+from facefuse.video.io import Frame, VideoLimits, VideoReader, VideoWriter, display, probe
 
 #: What a refused hostile clip may add to the peak resident memory, MB (a 16000 x
 #: 16000 frame decoded is 732 MB).
@@ -137,3 +139,58 @@ def test_a_failed_pipe_leaves_no_reference_cycle() -> None:
         assert held and held[0]() is None
     finally:
         gc.enable()
+
+
+def _oriented_clip(path: Path, orient: Callable[[Any], None]) -> Path:
+    import av
+
+    with av.open(str(path), "w") as out:
+        v = out.add_stream("libx264", rate=25, options={"preset": "ultrafast"})
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        orient(v)
+        for i in range(3):
+            rgb = np.zeros((48, 64, 3), np.uint8)
+            rgb[:8, :16] = 255  # a mark in a corner: which way the frame lies
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame.pts = i
+            for p in v.encode(frame):
+                out.mux(p)
+        for p in v.encode(None):
+            out.mux(p)
+    return path
+
+
+def _first_display(path: Path) -> tuple[int, tuple[int, ...] | None]:
+    import av
+
+    with av.open(str(path)) as c:
+        return display(next(c.decode(c.streams.video[0])))
+
+
+@pytest.mark.parametrize(("name", "orient", "turn"), [
+    ("mirror", lambda v: v.set_display_rotation(0, hflip=True), 0),
+    ("mirror-90", lambda v: v.set_display_rotation(90, hflip=True), 90),
+    ("turn-270", lambda v: v.set_display_rotation(270), 270),
+    ("slant-45", lambda v: v.set_display_rotation(45), 90),
+    ("slant-30", lambda v: v.set_display_rotation(30), 0),
+    ("zero", lambda v: v.set_display_matrix([0] * 9), 0),
+])
+def test_the_display_matrix_is_carried_as_stored(tmp_path: Path, name: str,
+                                                 orient: Callable[[Any], None],
+                                                 turn: int) -> None:
+    """Frames are handed over turned by the matrix's rotation to the nearest quarter
+    turn (its mirror taken out), and the output carries the matrix as it was: a
+    mirror is not a half turn, an angle between quarter turns is not dropped, a
+    degenerate matrix is no turn at all."""
+    src = _oriented_clip(tmp_path / f"{name}.mp4", orient)
+    info = probe(src)
+    assert info.rotation == turn
+    stored = _first_display(src)[1]
+    assert info.display_matrix == (None if name == "zero" else stored)
+    out = tmp_path / f"out-{name}.mp4"
+    with VideoWriter(out, info, encoder("x264"), src) as writer:
+        for item in VideoReader(src, info):
+            assert isinstance(item, Frame)
+            assert item.rgb.shape[:2] == ((64, 48) if turn % 180 else (48, 64))
+            writer.write(item, item.rgb)
+    assert _first_display(out) == (turn, info.display_matrix)

@@ -23,8 +23,11 @@ Security and fidelity spec, in order:
    presentation time (variable frame rates survive), converted to RGB with the
    stream's own colour matrix and range and converted back with the same ones;
    the output is tagged with them. Frames are handed over upright (the display
-   matrix's quarter turn applied) and turned back before encoding; the output
-   carries the same display matrix, so players show it exactly as the input.
+   matrix's rotation to the nearest quarter turn applied, a mirror taken out of the
+   rotation and left as stored) and turned back before encoding; the output
+   carries the input's display matrix as it was stored (a mirror, an angle that
+   is not a quarter turn), so players show it exactly as the input. A degenerate
+   matrix (all zero) is no orientation: the frames are shown as stored.
    When the writer is told which regions of a frame changed (the fused faces)
    and the clip is 8-bit 4:2:0 without a quarter turn, only those regions are
    converted back: the rest of the frame is the decoded picture itself (no
@@ -41,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import struct
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -94,8 +98,9 @@ class VideoInfo:
 
     Attributes:
         width, height: coded frame size, pixels (before the display rotation).
-        rotation: the display matrix's counter-clockwise rotation, degrees (0, 90,
-            180, 270); frames are handed over turned by it (upright).
+        rotation: the display matrix's counter-clockwise rotation, to the nearest
+            quarter turn (halves up), degrees (0, 90, 180, 270), of its rotation part
+            (a mirror taken out); frames are handed over turned by it (upright).
         fps: the average frame rate (frames per second, exact fraction).
         time_base: the video stream's time base, seconds per pts tick.
         frames: the frame count the header declares (0: unknown; then estimated
@@ -105,6 +110,10 @@ class VideoInfo:
         audio_codec: the first audio stream's codec name, None without audio.
         colorspace, color_range: FFmpeg's AVColorSpace / AVColorRange of the stream.
         size: bytes of the file.
+        display_matrix: the first frame's display matrix as stored (FFmpeg's nine
+            integers), which the output carries unchanged (a mirror, an angle that
+            is not a quarter turn); None without one, or for a degenerate one
+            (all zero: no orientation at all, shown as stored).
     """
 
     width: int
@@ -119,6 +128,7 @@ class VideoInfo:
     colorspace: int
     color_range: int
     size: int
+    display_matrix: tuple[int, ...] | None = None
 
     @property
     def upright_size(self) -> tuple[int, int]:
@@ -184,9 +194,10 @@ def decode_bound(stream: Any, width: int, height: int) -> None:
         "max_pixels": str((width + _CODED_MARGIN) * (height + _CODED_MARGIN))}
 
 
-def _first_frame(container: Any, stream: Any, info: VideoInfo) -> int:
+def _first_frame(container: Any, stream: Any, info: VideoInfo
+                 ) -> tuple[int, tuple[int, ...] | None]:
     """Decode the first frame (bounded to the header's size) and return its display
-    rotation (counter-clockwise degrees, a multiple of 90; 0 when there is none).
+    rotation and matrix (see :func:`display`).
 
     Raises:
         InvalidVideoError: ``corrupt_video``: the first frame cannot be decoded
@@ -198,13 +209,35 @@ def _first_frame(container: Any, stream: Any, info: VideoInfo) -> int:
     try:
         for frame in container.decode(stream):
             _check_frame_size(frame, 0, info)
-            r = round(float(frame.rotation or 0) / 90.0) * 90
-            return r % 360
+            return display(frame)
     except av.error.FFmpegError as exc:
         raise InvalidVideoError(f"the first frame cannot be decoded within the header's "
                                 f"{info.width}x{info.height}: {exc}",
                                 code="corrupt_video") from None
-    return 0
+    return 0, None
+
+
+def display(frame: Any) -> tuple[int, tuple[int, ...] | None]:
+    """(quarter turn, matrix) of a decoded frame's display matrix: the counter-
+    clockwise rotation of the matrix with any mirror taken out, to the nearest
+    quarter turn (halves up), degrees; and the nine integers as stored. (0, None)
+    without a matrix or with a degenerate one (all zero)."""
+    for side in frame.side_data:
+        if getattr(side.type, "name", "") != "DISPLAYMATRIX":
+            continue
+        raw = bytes(side)
+        if len(raw) != 36:
+            return 0, None
+        m = struct.unpack("=9i", raw)
+        a, b, c, d = m[0], m[1], m[3], m[4]
+        det = a * d - b * c
+        if det == 0:
+            return 0, None
+        if det < 0:  # mirrored: the rotation is that of the matrix with its mirror undone
+            a, c = -a, -c
+        angle = -math.degrees(math.atan2(b, a))
+        return (math.floor(angle / 90.0 + 0.5) % 4) * 90, m
+    return 0, None
 
 
 def _check_frame_size(frame: Any, index: int, info: VideoInfo) -> None:
@@ -291,7 +324,7 @@ def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
         info = VideoInfo(width, height, 0, fps, tb, int(v.frames or 0), duration, cc.name,
                          audio, int(cc.colorspace or 0), int(cc.color_range or 0), size)
         _check_limits(info, limits)
-        rotation = _first_frame(c, v, info)
+        rotation, matrix = _first_frame(c, v, info)
     if not info.frames:
         # No count in the header (a live-written Matroska, a raw stream): count the
         # packets rather than trust a duration that may be missing.
@@ -299,7 +332,7 @@ def probe(path: Path, limits: VideoLimits | None = None) -> VideoInfo:
         info = VideoInfo(**{**info.__dict__, "frames": frames,
                             "duration_s": max(info.duration_s, span)})
         _check_limits(info, limits)
-    return VideoInfo(**{**info.__dict__, "rotation": rotation})
+    return VideoInfo(**{**info.__dict__, "rotation": rotation, "display_matrix": matrix})
 
 
 def _check_limits(info: VideoInfo, limits: VideoLimits) -> None:
@@ -429,7 +462,9 @@ class VideoWriter:
         v.codec_context.color_range = (_RANGE_JPEG if info.color_range == _RANGE_JPEG
                                        else _RANGE_MPEG)
         v.codec_context.colorspace = _BT709 if conversion(info)[0] == "ITU709" else _BT601
-        if info.rotation:
+        if info.display_matrix is not None:
+            v.set_display_matrix(info.display_matrix)
+        elif info.rotation:
             v.set_display_rotation(info.rotation)
         self._video = v
         if info.audio_codec is not None:
