@@ -70,8 +70,8 @@ class FuseOptions:
     The mask parts (classic swapper; all on by default, see docs/fusion.md):
     ``relight`` relights the source face with the target's lighting (spherical
     harmonics on the mesh normals) before the tone transfer;
-    ``reject_source_occluders`` shows the target's own pixels where the source's
-    face is covered (hair, glasses, hands, a beard, background);
+    ``reject_source_occluders`` fills what covers the source's face (hair,
+    glasses, hands, a beard) from the source's own skin before it is warped;
     ``keep_target_occluders`` keeps whatever covers the target's face on top of
     the fused face; ``symmetric_fill`` takes what the source photo hides or
     foreshortens (a turned head's far side) from the mirrored other half of the
@@ -115,8 +115,8 @@ class FuseOptions:
         "Relight the source face with the target's lighting (spherical harmonics on "
         "the face mesh)."))
     reject_source_occluders: bool = _option(True, cli="--no-source-occluders", help=(
-        "Show the target's own pixels where something covers the source's face (hair, "
-        "glasses, a hand, a beard)."))
+        "Fill what covers the source's face (hair, glasses, a hand, a beard) from the "
+        "source's own skin, so none of it is carried."))
     keep_target_occluders: bool = _option(True, cli="--no-target-occluders", help=(
         "Keep whatever covers the target's face (glasses, a hand, hair, a beard) on top."))
     symmetric_fill: bool = _option(True, cli="--no-symmetric-fill", help=(

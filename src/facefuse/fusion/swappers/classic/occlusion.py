@@ -1,7 +1,7 @@
 """What inside a face is not its skin: per-face skin-colour models and occluder masks.
 
 Used both ways by the classic swapper: on the source, hair, fringes, glasses,
-hands and beards are *rejected* (the target's own pixels show there); on the
+hands and beards are *filled* from the source's own skin (``skin_fill``); on the
 target, the same things are *kept* on top of the fused face.
 
 How a face's occluders are found (all from the mesh and the pixels, no model):
@@ -152,9 +152,14 @@ def _find_skin_vertices(landmarks: np.ndarray) -> np.ndarray:
     return np.flatnonzero(nearest_distance(lm, avoid) > clear)
 
 
-def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None:
-    """Robust skin-colour model of the face; None when too few vertices are in the image."""
+def fit_skin_model(image: np.ndarray, landmarks: np.ndarray, side: int = 0
+                   ) -> SkinModel | None:
+    """Robust skin-colour model of the face; None when too few vertices are in the
+    image. ``side`` −1 / +1: of the vertices left / right of the face's midline
+    only (a face lit from one side has two skins), 0: of all."""
     idx = skin_vertices(landmarks)
+    if side:
+        idx = idx[np.sign(_side_of(landmarks, landmarks[idx, :2])) == side]
     h, w = image.shape[:2]
     xy = landmarks[idx, :2]
     inside = (xy[:, 0] >= 0) & (xy[:, 0] < w) & (xy[:, 1] >= 0) & (xy[:, 1] < h)
@@ -187,6 +192,47 @@ def fit_skin_model(image: np.ndarray, landmarks: np.ndarray) -> SkinModel | None
 #: chromaticity and luma features' ingredients in one pass of ``cv2.transform``.
 _FEATURE_MIX = np.array([[1, 0, 0, 1], [0, 1, 0, 1], [0.299, 0.587, 0.114, 0], [1, 1, 1, 3]],
                         np.float32)
+
+
+#: Width (eye distances) over which the two sides' skin models hand over at the
+#: face's midline.
+SIDE_BLEND = 0.1
+
+
+def _side_of(landmarks: np.ndarray, xy: np.ndarray) -> np.ndarray:
+    """Signed distance (pixels) of points ``xy`` (..., 2) from the face's midline
+    (the line from the forehead's top to the chin): < 0 on the image's left."""
+    top, chin = landmarks[topo.FOREHEAD, :2], landmarks[topo.CHIN, :2]
+    axis = (chin - top) / max(float(np.linalg.norm(chin - top)), 1e-6)
+    rel = xy - top
+    out: np.ndarray = axis[1] * rel[..., 0] - axis[0] * rel[..., 1]
+    return out
+
+
+def skin_map(image: np.ndarray, landmarks: np.ndarray, model: SkinModel | None = None
+             ) -> np.ndarray | None:
+    """(H, W) float32: the probability that each pixel is the face's skin
+    (:func:`skin_probability`, blurred by a hundredth of the eye distance), by the
+    whole face's model (``model``, fitted here when None) or by the skin model of
+    its own side of the face (:func:`fit_skin_model` with ``side`` ±1; the two hand
+    over across :data:`SIDE_BLEND` eye distances at the midline), the larger: a
+    face lit from one side has two skins, and its shaded, redder or freckled side
+    is skin by its own side's model. None when no model can be fitted."""
+    model = model or fit_skin_model(image, landmarks)
+    if model is None:
+        return None
+    d = eye_distance(landmarks)
+    sigma = max(0.5, 0.01 * d)
+    prob = skin_probability(image, model, sigma)
+    h, w = image.shape[:2]
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    right = np.clip(0.5 + _side_of(landmarks, np.stack([xx, yy], -1))
+                    / np.float32(SIDE_BLEND * d), 0.0, 1.0).astype(np.float32)
+    for side, share in ((-1, 1.0 - right), (1, right)):
+        half = fit_skin_model(image, landmarks, side)
+        if half is not None:
+            np.maximum(prob, skin_probability(image, half, sigma) * share, out=prob)
+    return prob
 
 
 def skin_probability(image: np.ndarray, model: SkinModel, sigma: float = 0.0) -> np.ndarray:
@@ -370,7 +416,10 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray,
     d = eye_distance(landmarks)
     feats = feature_masks(landmarks, (h, w))
     any_feat = np.maximum.reduce(feats)
-    occ = (1.0 - skin_probability(image, model, max(0.5, 0.01 * d))) * (face / 255.0)
+    # (Each side by its own skin too: shading is not an occluder.)
+    prob = skin_map(image, landmarks, model)
+    assert prob is not None
+    occ = (1.0 - prob) * (face / 255.0)
     feat = any_feat > 127
     occ[feat] = 0.0
     binary: np.ndarray = cv2.morphologyEx((occ > 0.5).astype(np.uint8), cv2.MORPH_OPEN,

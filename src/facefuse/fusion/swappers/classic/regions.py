@@ -54,6 +54,7 @@ import cv2
 import numpy as np
 
 from facefuse.faces import topology as topo
+from facefuse.fusion import mask as masks
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.swappers.classic import occlusion as occ
 from facefuse.imaging.stats import median
@@ -506,7 +507,7 @@ BRIDGE_BIN = 0.02
 #: synthetic frames fit at 0.28-0.30); an "ellipse" through lid creases, brow and
 #: eye bag is wider (0.35-0.40: obama2's, with YuNet's mesh at 80 px, 0.346).
 RIM_CENTRE_SLACK = 0.2
-RIM_AXES = (0.08, 0.33)
+RIM_AXES = (0.08, 0.345)
 #: The two rims of a pair are twins: their fitted areas within this ratio (a
 #: turned head foreshortens the far one by cos(yaw): 1.4 at 45°; the synthetic
 #: frames 1.0-1.22; obama2's lid-crease "ellipses" 1.77).
@@ -717,20 +718,25 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
 
 def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1.0,
                    glasses: bool = False, facial_hair: bool = False, hairline: bool = False,
-                   rim_grow: float = 0.0) -> np.ndarray:
+                   rim_grow: float = 0.0, openings: bool = False) -> np.ndarray:
     """(H, W) float32: :func:`facefuse.fusion.swappers.classic.occlusion.occluder_mask` together
     with the face's glasses, facial hair and/or scalp hair at its outline
     (``hairline``) as regions, on the same crop and scale
     — except the glasses, always looked for at the image's own resolution (a
     frame is a line a pixel or two wide there; shrunk further it breaks up, and
     whether it is found would hang on a few percent of scale): what of the face is
-    not its skin, to be kept on a target and rejected from a source. ``rim_grow``:
-    see :func:`facefuse.fusion.swappers.classic.occlusion.occluders_on_crop`."""
+    not its skin, to be kept on a target and filled on a source. ``rim_grow``:
+    see :func:`facefuse.fusion.swappers.classic.occlusion.occluders_on_crop`;
+    ``openings``: the glasses and facial hair less the eyes and lips
+    (:func:`without_openings`; on a target: what covers an eye or the mouth as a
+    whole, sunglasses or a hand, is still found by the occluder rule)."""
     lm = np.asarray(landmarks, np.float64)
     finders: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = [
         functools.partial(occ.occluders_on_crop, rim_grow=rim_grow)]
     if facial_hair:
-        finders.append(facial_hair_mask)
+        finders.append(facial_hair_mask if not openings else
+                       lambda crop, crop_lm: without_openings(facial_hair_mask(crop, crop_lm),
+                                                              crop_lm))
     if hairline:
         finders.append(hairline_mask)
 
@@ -743,7 +749,8 @@ def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1
         # On the image itself, never on the face outline's crop: the eye band's box
         # reaches past the outline at the temples, and cut there, the frames' ridge
         # test saw the crop's edge (obama2 at 80 px: "frames" round both eyes).
-        np.maximum(found, glasses_mask(image, lm), out=found)
+        frames = glasses_mask(image, lm)
+        np.maximum(found, without_openings(frames, lm) if openings else frames, out=found)
     return found
 
 
@@ -777,12 +784,24 @@ def _hairline(image: np.ndarray, lm: np.ndarray, skin: np.ndarray | None = None
 
 
 def worn_regions(image: np.ndarray, landmarks: np.ndarray, *, glasses: bool,
-                 facial_hair: bool) -> np.ndarray:
+                 facial_hair: bool, openings: bool = False) -> np.ndarray:
     """(H, W) float32: the face's glasses and/or facial hair as
-    :func:`face_occluders` finds them (at scale 1), without the other occluders."""
+    :func:`face_occluders` finds them (at scale 1), without the other occluders;
+    ``openings``: less the eyes and lips (see :func:`face_occluders`)."""
     lm = np.asarray(landmarks, np.float64)
     found = (occ.on_face_crop(image, lm, facial_hair_mask) if facial_hair
              else np.zeros(image.shape[:2], np.float32))
     if glasses:
         np.maximum(found, glasses_mask(image, lm), out=found)
-    return found
+    return without_openings(found, lm) if openings else found
+
+
+def without_openings(worn: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """``worn`` (H, W) float32, glasses and facial hair on the image of the mesh
+    ``lm``, less the eye openings and the lips (grown a little): a clear lens shows
+    the eye behind it and a beard the mouth inside it, so a face keeping its worn
+    things keeps only what really covers it."""
+    h, w = worn.shape[:2]
+    clear = masks.openings_mask(lm, (0, 0, w, h))
+    out: np.ndarray = (worn * (1.0 - clear)).astype(np.float32)
+    return out

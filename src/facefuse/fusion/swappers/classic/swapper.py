@@ -31,7 +31,15 @@ from facefuse.fusion import mask as masks
 from facefuse.fusion.carry import Carried
 from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.base import FaceLayer
-from facefuse.fusion.swappers.classic import detail, eyes, light, nostrils, regions, specular
+from facefuse.fusion.swappers.classic import (
+    detail,
+    eyes,
+    light,
+    nostrils,
+    regions,
+    skin_fill,
+    specular,
+)
 from facefuse.fusion.swappers.classic import occlusion as occ
 from facefuse.fusion.swappers.classic import symmetry as sym
 from facefuse.fusion.swappers.classic.source_prep import (
@@ -60,8 +68,9 @@ MESH_POINTS = 468
 EYE_KEEP = 1.0
 #: Share of the target's closed lips kept when the source's mouth is open.
 SOURCE_OPEN_LIPS_KEEP = 1.0
-#: Growth and feather of the rejected source occluders, in feather widths: the
-#: occluder's own soft edge (hair strands, a lens rim) must not bleed in.
+#: Growth and feather of the filled source occluders where the source's detail is
+#: left out, in feather widths: the occluder's own soft edge (hair strands, a lens
+#: rim) must not bleed in through the detail band.
 OCCLUDER_GROW = 0.15
 #: The source's occluders are found at this eye distance (pixels) when its face
 #: is larger: their mask is grown and feathered anyway, and it saves half their
@@ -155,14 +164,17 @@ def _without_highlights(crop: detail.Scaled, small: np.ndarray, landmarks: np.nd
 
 
 def _source_crop(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: bool
-                 ) -> tuple[detail.Scaled, np.ndarray, np.ndarray]:
+                 ) -> tuple[detail.Scaled, np.ndarray, np.ndarray, np.ndarray]:
     """The source face's neighbourhood as :func:`_crop_scaled` gives it, with its
-    highlights taken out when the layer is ``relit``."""
+    highlights taken out when the layer is ``relit``, and its working copy as it was
+    (where its occluders are looked for: a lens's reflections are part of what
+    shows a pair of glasses)."""
     crop, small, local = _crop_scaled(image, landmarks, _source_box(image.shape, landmarks),
                                       scale)
+    seen = small
     if relit:
         crop, small = _without_highlights(crop, small, local)
-    return crop, small, local
+    return crop, small, local, seen
 
 
 #: How far :func:`_crisp`'s growth and feather reach beyond the occluder, rows.
@@ -273,7 +285,7 @@ def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
     and the ``source``'s scalp hair inside its outline (never carried over)."""
     return regions.face_occluders(image, landmarks, scale=scale, glasses=options.glasses,
                                   facial_hair=options.finds_facial_hair(source=source),
-                                  hairline=source, rim_grow=rim_grow)
+                                  hairline=source, rim_grow=rim_grow, openings=not source)
 
 
 @dataclass(frozen=True)
@@ -292,21 +304,36 @@ class _Source:
     occluders_key: Hashable = None
 
 
+def _cleaned(small: np.ndarray, local: np.ndarray, occluders: np.ndarray,
+             outline: np.ndarray) -> np.ndarray:
+    """The source's working image (h, w, 3) uint8 with its ``occluders`` filled from
+    the skin inside its ``outline`` (:func:`skin_fill.fill_from_skin`)."""
+    d = eye_distance(local)
+    skin = occ.skin_map(small, local)
+    readable = outline if skin is None else outline * skin
+    return skin_fill.fill_from_skin(small, skin_fill.covered(occluders, d), readable, d)
+
+
 def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: bool,
                  options: FuseOptions, prep: SourceEntry) -> _Source:
     """What the render needs of the source alone (memoised in ``prep``, whose key
     holds ``scale`` and ``relit``), at ``scale``; its highlights out when ``relit``."""
-    crop, small, local = prep.get("crop", lambda: _source_crop(image, landmarks, scale, relit))
+    crop, small, local, seen = prep.get("crop",
+                                        lambda: _source_crop(image, landmarks, scale, relit))
     occluders, key = None, None
     if options.reject_source_occluders and options.texture_weight > 0.0:
         key = ("occluders", options.glasses, options.finds_facial_hair(source=True))
         occluders = prep.get(
             key,
             lambda: _occluders(
-                small, local, options,
+                seen, local, options,
                 scale=min(1.0, SOURCE_OCCLUDER_EYE_PX / eye_distance(local)),
                 rim_grow=occ.SOURCE_RIM_GROW, source=True))
     outline = prep.get("outline", lambda: occ.outline_mask(local, small.shape))
+    if occluders is not None and occluders.any():
+        # What covers the source is filled from its own skin before anything is
+        # warped (never shown as the target's pixels: that brought the target back).
+        small = prep.get(("clean", key), lambda: _cleaned(small, local, occluders, outline))
     return _Source(crop, small, local, occluders, outline, key)
 
 
@@ -626,7 +653,7 @@ class ClassicSwapper:
             crisp = prep.get("crisp", lambda: sym.outline_field(outline))
             inside = sym.sample_field(crisp, mx_s, my_s)
             uncovered = self._uncovered(src_occ, mx_s, my_s, feather)
-            keep = inside if uncovered is None else np.minimum(inside, uncovered)
+            keep = inside
             if fill is not None:
                 # Hidden or foreshortened parts from the source's other half, in
                 # the source's lighting of the side they are drawn on.
@@ -635,11 +662,8 @@ class ClassicSwapper:
                 soft = prep.get("soft", lambda: sym.outline_field(
                     outline, sym.RAMP * eye_distance(src_lm)))
                 mirror_ok = vis_m * sym.sample_field(crisp, mx_m, my_m)
-                uncovered_m = self._uncovered(src_occ, mx_m, my_m, feather)
-                if uncovered_m is not None:
-                    mirror_ok *= uncovered_m
                 d, m = sym.combine(vis_d * inside, vis_d * sym.sample_field(soft, mx_s, my_s),
-                                   uncovered, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
+                                   None, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m)
                 mirror_raw = mirror_layer.copy()
                 tone = tri_memo.get(("side_tone", on_tris), lambda: sym.side_tone(
@@ -705,6 +729,9 @@ class ClassicSwapper:
                 outline, mask > 0)
         direct = alpha if fill is None else alpha * np.where(keep > 0, d / np.maximum(keep, 1e-6),
                                                                0.0).astype(np.float32)
+        if src_occ is not None and uncovered is not None:
+            # Over the fill the source has no detail of its own: the photo's stays.
+            direct = direct * uncovered
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),
                      (mx_s, my_s), valid, direct, skin, features, 1.0 - left)
 
@@ -724,7 +751,7 @@ class ClassicSwapper:
             crop, small, local = _crop_scaled(target_rgb, lm, box, scale)
             ratio = crop.ratio
             mask = regions.worn_regions(small, local, glasses=options.glasses,
-                                        facial_hair=hair)
+                                        facial_hair=hair, openings=True)
         iris = eyes.iris_colour(target_rgb, lm) if options.texture_weight > 0.0 else None
         h, w = target_rgb.shape[:2]
         cut = box[0] <= 0 or box[1] <= 0 or box[2] >= w or box[3] >= h
