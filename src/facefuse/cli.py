@@ -233,7 +233,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
                                    "with --out-dir for a batch")
     settings = _settings(args)
     fuser = FaceFuser(settings)
-    options = _fuse_options(args)
+    options = fuser.resolve(_fuse_options(args))
     sources = [Path(p) for p in args.images[:-1]]
     target = Path(args.images[-1])
     mapping = [parse_cli_pair(m) for m in args.map] if args.map else None
@@ -294,6 +294,7 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("no target images found", code="no_targets")
     settings = _settings(args)
     fuser = FaceFuser(settings)
+    options = fuser.resolve(_fuse_options(args))  # once, not a failure per target
     mapping = [parse_cli_pair(m) for m in args.map] if args.map else None
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}"),
@@ -306,7 +307,7 @@ def cmd_fuse_batch(args: argparse.Namespace) -> int:
             done = bar.tasks[0].completed + 1
             bar.update(task, advance=1, rate=done / max(1e-6, time.perf_counter() - t0))
 
-        report = run_batch(fuser, jobs, _fuse_options(args), OutputPolicy.from_settings(settings),
+        report = run_batch(fuser, jobs, options, OutputPolicy.from_settings(settings),
                            quality=args.quality, mapping=mapping, n_jobs=args.jobs,
                            overwrite=args.overwrite, progress=tick, stop=stop.event)
     if args.json_report:

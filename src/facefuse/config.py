@@ -88,6 +88,11 @@ class Settings:
     max_pixels: int = 40_000_000
     max_bytes: int = 10 * 1024 * 1024
     min_side: int = 16
+    #: The swapper a fusion uses when the request or call names none: ``classic`` or
+    #: the name of a manifest ``task: "swap"`` entry (docs/swappers.md). A name that
+    #: is neither stops the fuser from being built (``unknown_swapper``), so a server
+    #: or worker with a wrong default fails at start-up.
+    swapper: str = "classic"
 
     # --- the HTTP service (facefuse serve); see docs/operations.md ------------------------
     #: L2 result cache in Redis (``redis://[:password@]host:port/db``); empty: in process.
@@ -335,6 +340,7 @@ class Settings:
             (s.threads >= 0, "threads must be >= 0"),
             (s.max_pixels > 0 and s.max_bytes > 0, "max_pixels and max_bytes must be positive"),
             (s.min_side >= 1, "min_side must be >= 1"),
+            (bool(s.swapper), "swapper must name a swapper (classic, or a swap model)"),
             (s.log_level in LOG_LEVELS, f"log_level must be one of {'|'.join(LOG_LEVELS)}"),
             (s.max_batch_size >= 1, "max_batch_size must be >= 1"),
             (s.max_queue_delay_ms >= 0, "max_queue_delay_ms must be >= 0"),

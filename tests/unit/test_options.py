@@ -43,7 +43,7 @@ def test_every_http_option_reaches_the_fusion_options() -> None:
     changed = {"degree": 40.0, "shape": 10.0, "texture": 90.0, "mode": "many",
                "blend": "alpha", "relight": False, "reject_source_occluders": False,
                "keep_target_occluders": False, "symmetric_fill": False, "facial_hair": "off",
-               "glasses": False, "min_face_size": 60.0}
+               "glasses": False, "min_face_size": 60.0, "swapper": "my_swapper"}
     assert set(changed) | {"target_face_index"} == {f.name for f, s in option_specs() if s.http}
     assert FuseParams.model_validate(changed).options() == FuseOptions(**changed)  # type: ignore[arg-type]
     assert FuseParams.model_validate({"target_face_index": 2}).options().target_face_index == 2

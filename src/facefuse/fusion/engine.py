@@ -8,6 +8,7 @@ face(s). Only each face's bounding region is ever rewritten.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,7 +22,13 @@ from facefuse.faces.analyser import FaceAnalyser, StageTimer
 from facefuse.faces.types import Face
 from facefuse.fusion.mapping import FacePair, MappedFace, parse_mapping
 from facefuse.fusion.plan import Analyse, FuseRequest, Planned, Render, fuse_plan, quality
-from facefuse.fusion.swappers import FaceLayer, Swapper, build_swappers
+from facefuse.fusion.swappers import (
+    FaceLayer,
+    Swapper,
+    SwapperInfo,
+    build_swappers,
+    describe_swapper,
+)
 from facefuse.fusion.types import FusedFace, FuseOptions, FusionResult
 from facefuse.imaging.blend import alpha_blend, alpha_blend_into, poisson_blend
 from facefuse.imaging.decode import ImageInput
@@ -79,6 +86,13 @@ class FaceFuser:
             self.settings, self.analyser.registry, pixels=self.pixels)
         if swappers:
             self.swappers.update(swappers)
+        #: The swapper of options that name none (``FACEFUSE_SWAPPER``).
+        self.default_swapper = self.settings.swapper
+        if self.default_swapper not in self.swappers:
+            raise InvalidArgumentError(
+                f"FACEFUSE_SWAPPER={self.default_swapper[:80]!r} names no swapper (have: "
+                f"{', '.join(sorted(self.swappers))}); register its model in manifest.json "
+                "(docs/swappers.md) or name one of these", code="unknown_swapper")
 
     def close(self) -> None:
         """Let the swappers' own threads go (the fuser stays usable)."""
@@ -87,14 +101,39 @@ class FaceFuser:
             if close is not None:
                 close()
 
-    def swapper(self, name: str) -> Swapper:
-        """The swapper called ``name``; ``unknown_swapper`` when there is none."""
+    def swapper(self, name: str | None) -> Swapper:
+        """The swapper called ``name`` (None: :attr:`default_swapper`);
+        ``unknown_swapper`` when there is none."""
         try:
-            return self.swappers[name]
+            return self.swappers[self.default_swapper if name is None else name]
         except KeyError:
             raise InvalidArgumentError(
-                f"unknown swapper {name!r} (have: {', '.join(sorted(self.swappers))})",
+                f"unknown swapper {str(name)[:80]!r} (have: {', '.join(sorted(self.swappers))})",
                 code="unknown_swapper") from None
+
+    def resolve(self, options: FuseOptions) -> FuseOptions:
+        """``options`` naming the swapper that will render them (the default when they
+        name none): what a door checks before any work and a result cache's key holds,
+        so the same request means the same swapper whatever the default.
+
+        Raises:
+            InvalidArgumentError: ``unknown_swapper``.
+        """
+        name = self.default_swapper if options.swapper is None else options.swapper
+        self.swapper(name)
+        return options if options.swapper == name else dataclasses.replace(options,
+                                                                            swapper=name)
+
+    def describe_swappers(self) -> list[SwapperInfo]:
+        """Every swapper a fusion may name, by name (:class:`SwapperInfo`)."""
+        return [describe_swapper(n, s, self.analyser.registry)
+                for n, s in sorted(self.swappers.items())]
+
+    def swapper_info(self, name: str | None) -> SwapperInfo:
+        """The :class:`SwapperInfo` of the swapper ``name`` (None: the default);
+        ``unknown_swapper`` when there is none."""
+        name = self.default_swapper if name is None else name
+        return describe_swapper(name, self.swapper(name), self.analyser.registry)
 
     # ---- the pipeline ---------------------------------------------------------------
 

@@ -83,6 +83,11 @@ class FuseOptions:
     only, ``"off"`` for neither; the old booleans are read as ``True`` →
     ``"both"``, ``False`` → ``"off"``.
 
+    ``swapper`` names the swapper that renders the face (``classic``, or an ONNX
+    swap model of the manifest, docs/swappers.md); None: the fuser's default
+    (``FACEFUSE_SWAPPER``, else ``classic``). Which names exist is the fuser's to
+    say (:meth:`facefuse.fusion.engine.FaceFuser.resolve`: ``unknown_swapper``).
+
     ``min_face_size`` (pixels between the outer eye corners, 16..1024, default 40):
     smaller faces (source or target) are not used. In ``many`` mode and with a
     mapping such a target face is skipped and reported (:class:`SkippedFace`); in
@@ -107,8 +112,9 @@ class FuseOptions:
         "The face to replace in mode one (0 = largest)."))
     blend: BlendMode = _option("multiband", cli="--blend", help=(
         "How the rendered face is blended in."))
-    swapper: str = _option("classic", http=False, cli="--swapper", help=(
-        "classic or a registered ONNX swapper."))
+    swapper: str | None = _option(None, cli="--swapper", help=(
+        "The swapper that renders the face: classic, or a registered ONNX swap model "
+        "(GET /v1/capabilities lists them); default: FACEFUSE_SWAPPER, else classic."))
     evaluate: bool = _option(True, http=False, help=(
         "Re-analyse the output and report the quality figures of every fused face."))
     relight: bool = _option(True, cli="--no-relight", help=(

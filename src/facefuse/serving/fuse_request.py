@@ -15,7 +15,9 @@ from typing import Any
 from starlette.requests import Request
 
 from facefuse.errors import InvalidArgumentError, MappingError
+from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.mapping import MAX_MAPPINGS, FacePair, parse_mapping
+from facefuse.fusion.swappers import SwapperInfo
 from facefuse.fusion.types import FuseOptions
 from facefuse.serving.cache.keys import sha256_hex
 from facefuse.serving.inputs import read_request, validate_params
@@ -36,8 +38,11 @@ class FuseRequest:
     target: bytes | None
     reference: bytes | None
     params: FuseParams
+    #: With ``swapper`` the name of the one that renders (the default when not named).
     options: FuseOptions
     mapping: tuple[FacePair, ...] | None
+    #: What renders it: its name and the versions of its models are in the result key.
+    swapper: SwapperInfo
 
     def decoded_images(self, target: bytes) -> list[bytes]:
         """Every image a fusion of this request into ``target`` decodes (what
@@ -52,23 +57,27 @@ class FuseRequest:
         """Everything besides the first source and the target that decides the result
         (for the L2 key); ``output``: the output policy (label, provenance, signing)."""
         opts = self.params.model_dump()
+        opts["swapper"] = {"name": self.swapper.name, "models": dict(self.swapper.models)}
         opts["output"] = output
         opts["reference"] = sha256_hex(self.reference) if self.reference is not None else None
         opts["sources"] = [sha256_hex(s) for s in self.sources[1:]]
         return opts
 
 
-async def read_fuse_request(request: Request, *, target: bool = True) -> FuseRequest:
-    """Read and validate a fusion request (``target``: the route takes a target image)."""
+async def read_fuse_request(request: Request, fuser: FaceFuser, *,
+                            target: bool = True) -> FuseRequest:
+    """Read and validate a fusion request (``target``: the route takes a target image)
+    against the swappers ``fuser`` has (``unknown_swapper``)."""
     required = ("source", "target") if target else ("source",)
     images, fields = await read_request(request, required, (*SOURCE_FIELDS[1:], "reference"))
     params = validate_params(FuseParams, fields)
-    options = params.options()
+    options = fuser.resolve(params.options())
     sources = numbered_sources(images)
     mapping = request_mapping(params.mapping, len(sources))
     reference = images.get("reference")
     check_reference(options.mode, reference, mapping)
-    return FuseRequest(sources, images.get("target"), reference, params, options, mapping)
+    return FuseRequest(sources, images.get("target"), reference, params, options, mapping,
+                       fuser.swapper_info(options.swapper))
 
 
 def numbered_sources(images: Mapping[str, bytes]) -> list[bytes]:

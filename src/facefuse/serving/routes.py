@@ -241,7 +241,7 @@ async def fuse(request: Request) -> Response:
     svc = services(request)
     pipeline = svc.require_pipeline()
     t0 = time.perf_counter()
-    req = await read_fuse_request(request)
+    req = await read_fuse_request(request, pipeline.fuser)
     target = req.target
     assert target is not None
     ctx = svc.context(request, "/v1/fuse")

@@ -9,7 +9,8 @@
   request is the same (its files and options: :func:`request_digest`); with
   another request it is ``409 idempotency_conflict``. Everything that
   can be known without decoding is checked here, with the codes ``/v1/fuse`` gives
-  the same fault: the options, the mapping's form (:func:`request_mapping`), the
+  the same fault: the options (the swapper among this process's: the job names the
+  one chosen, the default filled in), the mapping's form (:func:`request_mapping`), the
   sources numbered without gaps, every image's bytes and header (empty, not an
   image, truncated, over the limits), the clip's header and a bounded probe
   (413/400, by the worker, failing the job, where this install has no PyAV), and
@@ -193,6 +194,9 @@ async def create_job(request: Request) -> JSONResponse:
     params = validate_params(JobParams, fields)
     raw = params.model_dump()
     video, _, _, _ = job_options(raw, kind)  # the typed option errors now, not in the worker
+    # The swapper checked against this process's and named in the job, so the worker
+    # renders with the one the request meant, whatever its own default.
+    raw["swapper"] = svc.require_pipeline().fuser.resolve(video.fuse).swapper
     mapping = request_mapping(params.mapping, len(numbered_sources(files)))
     check_reference(video.fuse.mode, files.get("reference"), mapping)
     _check_images(files, video.fuse.mode, DecodeLimits.from_settings(settings))

@@ -198,7 +198,7 @@ async def fuse_template(request: Request, template: str) -> Response:
     pipeline = svc.require_pipeline()
     store = svc.require_templates()
     t0 = time.perf_counter()
-    req = await read_fuse_request(request, target=False)
+    req = await read_fuse_request(request, pipeline.fuser, target=False)
     ctx = svc.context(request, "/v1/templates/fuse")
     t = time.perf_counter()
     stored = await store.get(template)
@@ -219,7 +219,9 @@ async def fuse_template(request: Request, template: str) -> Response:
 @api.get("/capabilities", summary="Models, options and ranges, limits, mapping, provenance")
 async def capabilities(request: Request) -> dict[str, Any]:
     """Everything a client may check before sending: which models run at which
-    precision, every fusion option with its range and default, the image and
+    precision, every fusion option with its range and default, the swappers a
+    request may name (``name``, ``kind``, ``needs_source_embedding``) and the one
+    used when it names none, the image and
     body limits, the smallest usable face, the mapping maximum, and how outputs
     are marked (XMP, label, C2PA)."""
     svc = services(request)
@@ -235,6 +237,12 @@ async def capabilities(request: Request) -> dict[str, Any]:
                 (b for b in prop["anyOf"] if b.get("type") != "null"), {})
             entry.update({k: num[k] for k in ("type", "minimum", "maximum", "enum") if k in num})
         options[name] = entry
+    fuser = svc.pipeline.fuser if svc.pipeline is not None else None
+    swappers = [i.to_dict() for i in fuser.describe_swappers()] if fuser is not None else []
+    default = fuser.default_swapper if fuser is not None else s.swapper
+    options["swapper"].update(type="string", default=default)
+    if swappers:
+        options["swapper"]["enum"] = [sw["name"] for sw in swappers]
     output = (svc.pipeline.output.describe() if svc.pipeline is not None else None)
     store = svc.templates
     return {
@@ -242,6 +250,7 @@ async def capabilities(request: Request) -> dict[str, Any]:
                     "provider": r.provider, "version": r.version} for r in svc.model_rows()],
         "precision": s.precision,
         "options": options,
+        "swappers": {"default": default, "choices": swappers},
         "formats": ["jpeg", "png", "webp"],
         "limits": {"max_body_bytes": s.max_body_bytes, "max_image_bytes": s.max_bytes,
                    "max_pixels": s.max_pixels, "min_side": s.min_side,

@@ -269,15 +269,11 @@ class ClipFusion:
                  mapping: Sequence[FacePair | dict[str, Any]] | None = None) -> None:
         self.fuser = fuser
         self.analyser = fuser.analyser
-        self.options = options
-        fo = options.fuse
+        fo = fuser.resolve(options.fuse)  # unknown_swapper before any image is read
+        self.options = dataclasses.replace(options, fuse=fo)
         # Nothing reads a frame's evaluation measures: not computed.
         self._render_options = dataclasses.replace(fo, evaluate=False)
-        try:
-            self.swapper: Swapper = fuser.swappers[fo.swapper]
-        except KeyError:
-            raise InvalidArgumentError(f"unknown swapper {fo.swapper!r}",
-                                       code="unknown_swapper") from None
+        self.swapper: Swapper = fuser.swapper(fo.swapper)
         if not sources:
             raise InvalidArgumentError("no source image given", code="source_missing")
         self.pairs = parse_mapping(mapping) if mapping is not None else None
@@ -365,6 +361,7 @@ class ClipFusion:
             InvalidArgumentError: another swapper or mode (those need a new clip).
         """
         old = self.options.fuse
+        fuse = self.fuser.resolve(fuse)
         if (fuse.swapper, fuse.mode) != (old.swapper, old.mode):
             raise InvalidArgumentError("the swapper and the mode are fixed for a clip",
                                        code="option_fixed")
@@ -618,12 +615,14 @@ class VideoFuser:
         of different people) into every frame of ``clip``; write ``out`` atomically.
 
         Raises:
+            InvalidArgumentError: ``unknown_swapper`` (before the clip is read).
             InvalidVideoError, VideoTooLargeError: the clip (typed, before any work).
             CancelledError: ``cancelled()`` became true (no output is left).
         """
         options = options or VideoOptions()
         clip, out = Path(clip), Path(out)
         enc = encoder(options.encoder)
+        self.fuser.resolve(options.fuse)  # an unknown swapper before the clip is opened
         info = self.probe(clip)
         t0 = time.perf_counter()
         sources: list[ImageInput] = (

@@ -9,7 +9,7 @@ outside a swapper's package imports it but :mod:`~facefuse.fusion.swappers.build
 (an import-linter contract in ``pyproject.toml``).
 """
 
-from facefuse.fusion.swappers.base import FaceLayer, Swapper
-from facefuse.fusion.swappers.build import build_swappers
+from facefuse.fusion.swappers.base import FaceLayer, Swapper, SwapperInfo
+from facefuse.fusion.swappers.build import build_swappers, describe_swapper
 
-__all__ = ["FaceLayer", "Swapper", "build_swappers"]
+__all__ = ["FaceLayer", "Swapper", "SwapperInfo", "build_swappers", "describe_swapper"]

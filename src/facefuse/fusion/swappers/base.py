@@ -8,7 +8,8 @@ What the rest of the fusion needs to know of a swapper is declared on it here
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -80,3 +81,30 @@ class Swapper(Protocol):
         next frames of a clip may reuse (:mod:`facefuse.fusion.carry`), or None when
         the swapper reuses nothing."""
         ...
+
+
+@dataclass(frozen=True)
+class SwapperInfo:
+    """What a caller may know of a swapper before choosing it
+    (:meth:`facefuse.fusion.engine.FaceFuser.describe_swappers`: ``GET
+    /v1/capabilities``, the result cache's key).
+
+    Attributes:
+        name: what ``FuseOptions.swapper`` calls it.
+        kind: ``classic``, ``onnx`` (a manifest ``task: "swap"`` model) or ``custom``
+            (one handed to the fuser by its caller).
+        needs_source_embedding: :attr:`Swapper.needs_source_embedding`.
+        models: manifest name → sha256 of each model its render runs beyond the
+            analysis models (a swap model and its recogniser): another file there
+            renders another face.
+    """
+
+    name: str
+    kind: str
+    needs_source_embedding: bool
+    models: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        """``{"name", "kind", "needs_source_embedding"}``."""
+        return {"name": self.name, "kind": self.kind,
+                "needs_source_embedding": self.needs_source_embedding}

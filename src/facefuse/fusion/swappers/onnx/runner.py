@@ -246,6 +246,13 @@ class OnnxSwapper:
         face = bg + np.float32(options.texture_weight) * (swapped - bg)
         return FaceLayer(region, face.astype(np.float32), mask.astype(np.float32), tgt_lm)
 
+    def model_names(self) -> tuple[str, ...]:
+        """The manifest entries its render runs: the swap model and, when its entry
+        names one, the recogniser (read off the manifest; nothing is loaded)."""
+        spec = self.registry.manifest.models.get(self.name)
+        recognizer = spec.extra.get("recognizer") if spec is not None else None
+        return (self.name, str(recognizer)) if recognizer else (self.name,)
+
     @property
     def needs_source_embedding(self) -> bool:
         """Yes: the source latent is made from an identity embedding (the analyser's,
