@@ -75,7 +75,7 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 
 def test_overlays_are_the_expected_ones() -> None:
-    assert OVERLAYS == ["canary", "cpu", "gpu", "ingress", "model-volume", "redis"]
+    assert OVERLAYS == ["canary", "cpu", "gpu", "ingress", "live", "model-volume", "redis"]
 
 
 def test_objects_validate_against_kubernetes_schemas(
@@ -205,6 +205,32 @@ def test_prometheus_rule_matches_the_rule_file(component: str, rules: str) -> No
     rule = yaml.safe_load((K8S / "components" / component / "prometheusrule.yaml").read_text())
     plain = yaml.safe_load((ROOT / "deploy" / "prometheus" / rules).read_text())
     assert rule["spec"]["groups"] == plain["groups"]
+
+
+def test_live_runs_apart_on_the_worker_image_scaled_on_sessions() -> None:
+    """The live overlay: the photo API plus a Deployment of its own on the worker image
+    (PyAV and aiortc), one uvicorn worker (a session lives in one process), its
+    sessions bounded, KEDA on the sessions open, a ClientIP-affine Service, and media
+    out to a TURN server only."""
+    by = {(d["kind"], d["metadata"]["name"]): d for d in render("live")}
+    pod = by[("Deployment", "facefuse-live")]["spec"]["template"]["spec"]
+    live = pod["containers"][0]
+    assert live["image"].endswith("/facefuse-worker:0.1.0-0000000")
+    assert live["command"] == ["facefuse", "serve"] and "--workers" in live["args"]
+    assert live["args"][live["args"].index("--workers") + 1] == "1"
+    env = {e["name"]: e for e in live["env"]}
+    assert env["FACEFUSE_LIVE_MAX_SESSIONS"]["value"] == "2"
+    assert env["FACEFUSE_LIVE_ICE_SERVERS"]["valueFrom"]["secretKeyRef"]["key"] == \
+        "live-ice-servers"
+    trigger = by[("ScaledObject", "facefuse-live")]["spec"]["triggers"][0]
+    assert trigger["type"] == "prometheus" and "facefuse_live_sessions" in \
+        trigger["metadata"]["query"]
+    assert by[("Service", "facefuse-live")]["spec"]["sessionAffinity"] == "ClientIP"
+    udp = {(p.get("port"), p.get("endPort")) for r in
+           by[("NetworkPolicy", "facefuse-live")]["spec"]["egress"] for p in r["ports"]
+           if p["protocol"] == "UDP"}
+    assert udp == {(3478, None), (49152, 65535), (53, None)}
+    assert ("Deployment", "facefuse") in by  # the photo API beside it
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
