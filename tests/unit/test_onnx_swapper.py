@@ -1,18 +1,15 @@
-"""The neural swapper plug-in, tested with tiny ONNX models built here.
+"""The neural swapper plug-in, tested with tiny ONNX models built in the tests.
 
-We ship no face-swap model, so every model below is generated with ``onnx.helper``
-with the exact inswapper-style I/O contract (target ``[N, 3, S, S]``, source
-``[N, D]`` → output ``[N, 3, S, S]``) and registered in a temporary model
+We ship no face-swap model, so every model (``swap_models``) is generated with
+``onnx.helper`` with the exact inswapper-style I/O contract (target ``[N, 3, S, S]``,
+source ``[N, D]`` → output ``[N, 3, S, S]``) and registered in a temporary model
 directory beside the real zoo; the faces are the real sample photos.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -44,7 +41,6 @@ from facefuse.fusion.swappers.onnx.runner import OnnxSwapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.runtime.files import sha256_file
 from facefuse.runtime.manifest import (
-    Manifest,
     ModelSpec,
     Preprocessing,
     Source,
@@ -52,16 +48,23 @@ from facefuse.runtime.manifest import (
 )
 from facefuse.runtime.onnx_file import last_initializer
 from facefuse.runtime.registry import ModelRegistry
+from swap_models import (
+    CONST,
+    OPSET,
+    K,
+    ModelDir,
+    const_model,
+    identity_model,
+    latent_model,
+    make_model,
+    swap_spec,
+    toy_recognizer,
+)
 
-OPSET = 17
 rng = np.random.default_rng(1234)
 #: Projections stored with the models (inswapper's ``emap`` analogue), (D_in, D).
 P_INIT = rng.normal(size=(128, 64)).astype(np.float32)
 P_FILE = rng.normal(size=(128, 32)).astype(np.float32)
-#: The constant colour of the "const" model, per output channel (model order), 0..1.
-CONST = (0.15, 0.55, 0.9)
-#: Brightness gain of the latent-dependent model: pixel = (0.5 + K · mean(latent)) · 255.
-K = 2.0
 
 
 def psnr(a: np.ndarray, b: np.ndarray, where: np.ndarray | None = None) -> float:
@@ -71,124 +74,8 @@ def psnr(a: np.ndarray, b: np.ndarray, where: np.ndarray | None = None) -> float
 
 
 # ----------------------------------------------------------------------------------------
-# Tiny ONNX models with the swap contract
-# ----------------------------------------------------------------------------------------
-
-
-def _io(s: int, d: int, *, target: str = "target", source: str = "source",
-        d_graph: int | None = None) -> tuple[list[Any], list[Any]]:
-    inputs = [oh.make_tensor_value_info(target, TensorProto.FLOAT, ["N", 3, s, s]),
-              oh.make_tensor_value_info(source, TensorProto.FLOAT, ["N", d_graph or d])]
-    outputs = [oh.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 3, s, s])]
-    return inputs, outputs
-
-
-def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any],
-           inits: list[Any] | None = None) -> onnx.ModelProto:
-    graph = oh.make_graph(nodes, "swap", inputs, outputs, initializer=inits or [])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])
-    onnx.checker.check_model(model)
-    return model
-
-
-def identity_model(s: int, d: int = 128, **kw: Any) -> onnx.ModelProto:
-    """Returns its input crop: the output is the target crop itself."""
-    target = kw.get("target", "target")
-    return _model([oh.make_node("Identity", [target], ["output"])], *_io(s, d, **kw))
-
-
-def const_model(s: int, d: int = 128) -> onnx.ModelProto:
-    """Returns the constant colour :data:`CONST` everywhere: ``0 · target + c``."""
-    c = numpy_helper.from_array(np.array(CONST, np.float32).reshape(1, 3, 1, 1), "c")
-    zero = numpy_helper.from_array(np.zeros((1,), np.float32), "zero")
-    nodes = [oh.make_node("Mul", ["target", "zero"], ["t0"]),
-             oh.make_node("Add", ["t0", "c"], ["output"])]
-    return _model(nodes, *_io(s, d), inits=[c, zero])
-
-
-def latent_model(s: int, d: int, projection: np.ndarray | None = None) -> onnx.ModelProto:
-    """Grey level from the source latent: ``0 · target + 0.5 + K · mean(latent)``.
-
-    ``projection`` is stored as the graph's LAST initializer (unused by the graph,
-    as inswapper stores its ``emap``); other initializers come before it.
-    """
-    inits = [numpy_helper.from_array(np.array([K], np.float32), "k"),
-             numpy_helper.from_array(np.array([0.5], np.float32), "half"),
-             numpy_helper.from_array(np.zeros((1,), np.float32), "zero"),
-             numpy_helper.from_array(np.array([-1, 1, 1, 1], np.int64), "shape4")]
-    if projection is not None:
-        inits.append(numpy_helper.from_array(projection, "emap"))
-    nodes = [
-        oh.make_node("ReduceMean", ["source"], ["m"], axes=[1], keepdims=1),  # [N, 1]
-        oh.make_node("Reshape", ["m", "shape4"], ["m4"]),  # [N, 1, 1, 1]
-        oh.make_node("Mul", ["m4", "k"], ["km"]),
-        oh.make_node("Add", ["km", "half"], ["g"]),
-        oh.make_node("Mul", ["target", "zero"], ["t0"]),
-        oh.make_node("Add", ["t0", "g"], ["output"]),  # broadcast to [N, 3, S, S]
-    ]
-    return _model(nodes, *_io(s, d), inits=inits)
-
-
-def toy_recognizer(size: int = 112) -> onnx.ModelProto:
-    """An "embed" model: the chip's mean per channel, ``[N, 3, S, S] → [N, 3]``."""
-    x = oh.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, size, size])
-    y = oh.make_tensor_value_info("embedding", TensorProto.FLOAT, ["N", 3])
-    nodes = [oh.make_node("ReduceMean", ["input"], ["embedding"], axes=[2, 3], keepdims=0)]
-    return _model(nodes, [x], [y])
-
-
-# ----------------------------------------------------------------------------------------
 # A temporary model directory: the real zoo plus the test models
 # ----------------------------------------------------------------------------------------
-
-
-def swap_spec(name: str, file: str, sha: str, size: int, s: int, d: int, *,
-              color: str = "RGB", mean: float = 0.0, std: float = 255.0,
-              **extra: Any) -> ModelSpec:
-    ex: dict[str, Any] = {"template": "arcface_128", "recognizer": "dlib_resnet",
-                          "latent": "normalized", "output_range": "0..1"}
-    ex.update({k: v for k, v in extra.items() if v is not None})
-    for k in [k for k, v in extra.items() if v is None]:
-        ex.pop(k, None)
-    return ModelSpec(
-        name=name, task="swap", file=file, sha256=sha, size=size, opset=OPSET,
-        inputs=[TensorSpec("target", ["N", 3, s, s]), TensorSpec("source", ["N", d])],
-        outputs=[TensorSpec("output", ["N", 3, s, s])],
-        preprocessing=Preprocessing(size=(s, s), mean=(mean,) * 3, std=(std,) * 3,
-                                    color=color, layout="NCHW"),
-        source=Source("test-generated", "-", "-", "test only"), licence="test only", extra=ex)
-
-
-class ModelDir:
-    """Writes models into ``path`` and keeps the manifest (the zoo's plus ours)."""
-
-    def __init__(self, path: Path, zoo: Path) -> None:
-        self.path = path
-        self.manifest = Manifest.load(zoo)
-        for spec in self.manifest.models.values():
-            dst = path / spec.file
-            try:
-                os.symlink(zoo / spec.file, dst)
-            except OSError:
-                shutil.copyfile(zoo / spec.file, dst)
-
-    def write(self, model: onnx.ModelProto, file: str) -> tuple[str, int]:
-        body = model.SerializeToString()
-        (self.path / file).write_bytes(body)
-        return hashlib.sha256(body).hexdigest(), len(body)
-
-    def add_swap(self, name: str, model: onnx.ModelProto, s: int, d: int,
-                 **kw: Any) -> ModelSpec:
-        sha, size = self.write(model, f"{name}.onnx")
-        spec = swap_spec(name, f"{name}.onnx", sha, size, s, d, **kw)
-        self.manifest.models[name] = spec
-        return spec
-
-    def add(self, spec: ModelSpec) -> None:
-        self.manifest.models[spec.name] = spec
-
-    def save(self) -> None:
-        self.manifest.save(self.path)
 
 
 @pytest.fixture(scope="module")
@@ -543,7 +430,7 @@ def test_last_initializer_matches_onnx(tmp_path: Path, dtype: int, raw: bool) ->
     assert emap.HasField("raw_data") == raw
     x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
-    model = _model([oh.make_node("Add", ["x", "first"], ["y"])], [x], [y], [first, emap])
+    model = make_model([oh.make_node("Add", ["x", "first"], ["y"])], [x], [y], [first, emap])
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
     got = last_initializer(path)
