@@ -18,6 +18,7 @@ from facefuse.fusion.swappers.classic import occlusion, regions, skin_fill
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import face_outline_mask
 from facefuse.toolchain.synthetic import paste_glasses
+from facefuse.toolchain.synthetic import variant as synthetic_variant
 from facefuse.toolchain.trials import Sample, fuse_sample
 
 
@@ -83,17 +84,16 @@ def test_a_side_lit_freckled_face_is_skin(samples: dict[str, Sample]) -> None:
 
 def test_a_worn_mask_leaves_the_eyes_and_lips() -> None:
     h, w = 400, 400
-    # Only the eye and lip contours (and the outer eye corners, for the scale) count:
-    # a synthetic mesh of ellipses, every other point at the face's centre.
+    # Only the eye and lip contours count (the outer eye corners, for the scale, are
+    # on them): a synthetic mesh of ellipses, every other point at the face's centre.
     lm = np.zeros((478, 3))
     centre = np.array([200.0, 200.0])
-    for idx, c, r in ((topo.EYE_IMAGE_LEFT, (150, 170), (25, 10)),
-                      (topo.EYE_IMAGE_RIGHT, (250, 170), (25, 10)),
+    for idx, c, r in ((topo.EYE_IMAGE_LEFT, (150, 170), (25, 14)),
+                      (topo.EYE_IMAGE_RIGHT, (250, 170), (25, 14)),
                       (topo.LIPS_OUTER, (200, 280), (40, 24))):
         t = np.linspace(0, 2 * np.pi, len(idx), endpoint=False)
         lm[list(idx), 0] = c[0] + r[0] * np.cos(t)
         lm[list(idx), 1] = c[1] + r[1] * np.sin(t)
-    lm[topo.EYE_OUTER[0], :2], lm[topo.EYE_OUTER[1], :2] = (100, 170), (300, 170)
     lm[:, :2] = np.where(lm[:, :2] == 0, centre, lm[:, :2])
     worn = np.ones((h, w), np.float32)
     out = regions.without_openings(worn, lm)
@@ -130,3 +130,39 @@ def test_identity_moves_to_the_source_on_real_photos(settings: Settings, fuser: 
     d_src = float(np.linalg.norm(got - dlib.face(other.image).descriptor))
     d_tgt = float(np.linalg.norm(got - dlib.face(tgt.image).descriptor))
     assert d_src < d_tgt - 0.1, (d_src, d_tgt)
+
+
+def test_a_black_and_white_target_stays_black_and_white(fuser: FaceFuser,
+                                                       samples: dict[str, Sample]) -> None:
+    src, tgt = samples["obama"], samples["astronaut"]
+    grey = np.repeat(cv2.cvtColor(tgt.image, cv2.COLOR_RGB2GRAY)[..., None], 3, axis=2)
+    out = fuse_sample(fuser, src, Sample(grey, tgt.faces), FuseOptions())
+    assert not np.array_equal(out, grey)
+    chroma = np.abs(out.astype(np.int16) - out[..., 1:2]).max()
+    assert chroma <= 1, chroma  # (rounding of one luma to three channels)
+
+
+def test_lipstick_stays_on_the_source_photo(fuser: FaceFuser,
+                                            samples: dict[str, Sample]) -> None:
+    """A source's red lips come out about in the target's lip colour, as unpainted
+    ones do (both mouths closed: biden into a tilted copy of himself, the only sample
+    with a closed mouth). Without the lips' own tone the paint moved them by 47 grey
+    levels in red."""
+    src = samples["biden"]
+    tilted = synthetic_variant(src.image, "tilt+12")
+    tgt = Sample(tilted, fuser.analyser.analyse(tilted))
+    assert not masks.mouth_open(src.landmarks) and not masks.mouth_open(tgt.landmarks)
+    h, w = src.image.shape[:2]
+    lips = masks.lips_mask(src.landmarks, (0, 0, w, h)) > 0.5
+    painted = src.image.copy()
+    painted[lips] = (painted[lips] * np.array([1.0, 0.35, 0.4]) + [90, 0, 10]).clip(0, 255)
+    th, tw = tilted.shape[:2]
+    where = masks.lips_mask(tgt.landmarks, (0, 0, tw, th)) > 0.5
+
+    def lip_colour(source: np.ndarray) -> np.ndarray:
+        out = fuse_sample(fuser, Sample(source, src.faces), tgt, FuseOptions())
+        colour: np.ndarray = out[where].astype(np.float64).mean(0)
+        return colour
+
+    plain, red = lip_colour(src.image), lip_colour(painted)
+    assert np.abs(red - plain).max() < 20.0, (plain, red)

@@ -187,12 +187,13 @@ def eyes_mask(landmarks: np.ndarray, region: Region, feather: float | None = Non
 def openings_mask(landmarks: np.ndarray, region: Region,
                   feather: float | None = None) -> np.ndarray:
     """Soft mask (H, W) float32 of what of a face a worn thing (a clear lens, a
-    beard) never hides: the eyes grown by a fifth of a feather width, the lips shrunk
-    by a fifth (a moustache over the upper lip's edge stays on top)."""
+    beard) never hides: the eye openings (grown by a twentieth of a feather width: a
+    lens's lower rim runs close below the lid and stays), the lips shrunk by a fifth
+    (a moustache over the upper lip's edge stays on top)."""
     f = feather if feather is not None else feather_px(landmarks)
     sigma = max(0.6, f / 8.0)
     eyes = _feature_mask(landmarks, (topo.EYE_IMAGE_LEFT, topo.EYE_IMAGE_RIGHT), region,
-                         -0.2 * f, sigma)
+                         -0.05 * f, max(0.6, f / 12.0))
     lips = _feature_mask(landmarks, (topo.LIPS_OUTER,), region, 0.2 * f, sigma)
     out: np.ndarray = np.maximum(eyes, lips)
     return out

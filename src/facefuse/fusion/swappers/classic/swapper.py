@@ -35,6 +35,7 @@ from facefuse.fusion.swappers.classic import (
     detail,
     eyes,
     light,
+    makeup,
     nostrils,
     regions,
     skin_fill,
@@ -179,6 +180,23 @@ def _source_crop(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: 
 
 #: How far :func:`_crisp`'s growth and feather reach beyond the occluder, rows.
 _CRISP_REACH = 4
+
+
+#: σ of the smoothing of a kept occluder's mask upsampled from the working scale,
+#: in working pixels.
+KEEP_SMOOTH = 0.6
+#: Mean |R − G| + |G − B| (grey levels) under which a target region is a
+#: black-and-white photo (a grey JPEG's chroma noise stays well below it).
+MONOCHROME_CHROMA = 2.0
+
+
+def _monochrome(rgb: np.ndarray) -> bool:
+    """Whether the (H, W, 3) uint8 region is a black-and-white photo (read on every
+    fourth pixel of every fourth row)."""
+    sample = np.asarray(rgb[::4, ::4], np.int16)
+    chroma = (np.abs(sample[..., 0] - sample[..., 1])
+              + np.abs(sample[..., 1] - sample[..., 2]))
+    return bool(chroma.size) and float(chroma.mean()) < MONOCHROME_CHROMA
 
 
 def _crisp(kept: np.ndarray) -> np.ndarray:
@@ -583,7 +601,14 @@ class ClassicSwapper:
             # growth covers its anti-aliased edge): its pixels must come back exactly.
             if scale < 1.0:
                 keep = cv2.resize(keep, frame.size, interpolation=cv2.INTER_LINEAR)
+                # (Smoothed over a working pixel first: cut at the threshold, the
+                # working pixels' squares showed as a stair-stepped edge on a hair
+                # curl over a 400-px face's forehead.)
+                keep = cv2.GaussianBlur(keep, (0, 0), KEEP_SMOOTH / min(frame.ratio))
             keep = _crisp(keep > 0.25)
+        if _monochrome(frame.full):
+            # A black-and-white photo stays so: the source's colour is not brought in.
+            face[...] = (face @ detail.LUMA)[..., None]
         return FaceLayer(region, face, mask, dst, keep, work.beyond)
 
     def _layer(
@@ -685,6 +710,8 @@ class ClassicSwapper:
         source_layer = self.pixels.lighting(source_layer, target_layer, skin, sigma,
                                             LIGHTING_MAX_GAIN)
         light.keep_dark_hue(source_layer, raw, skin)
+        # Lipstick and eye make-up are the photo's: the lips' and lids' own colour.
+        makeup.take_photo_colours(source_layer, target_layer, dst, feather)
         source_layer = match_sharpness(source_layer, target_layer, skin)
         alpha = np.full(mask.shape, w_tex, np.float32)
         if reject is not None:
