@@ -343,7 +343,10 @@ def report_lines(s: dict[str, Any], m: dict[str, Any], opts: list[str],
         ("closed lips with teeth pixels (> 2 %)", lambda x: str(x["teeth_pairs"])),
     ]
     return [
-        f"Degree-100 fusions of real strangers (`bench/people.py{flags}`), {machine_line(m)}.",
+        "Degree-100 fusions of real strangers: `.venv/bin/python bench/people.py"
+        + flags + (" --before OTHER/people.json" if before is not None else "") + "`.",
+        "",
+        machine_line(m),
         "",
         *head,
         *(row(label, fmt) for label, fmt in figures),

@@ -225,9 +225,15 @@ def skin_map(image: np.ndarray, landmarks: np.ndarray, model: SkinModel | None =
     sigma = max(0.5, 0.01 * d)
     prob = skin_probability(image, model, sigma)
     h, w = image.shape[:2]
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    right = np.clip(0.5 + _side_of(landmarks, np.stack([xx, yy], -1))
-                    / np.float32(SIDE_BLEND * d), 0.0, 1.0).astype(np.float32)
+    # (The signed distance is linear in x and y: summed from a row and a column.)
+    origin = float(_side_of(landmarks, np.zeros(2)))
+    dx = float(_side_of(landmarks, np.array([1.0, 0.0]))) - origin
+    dy = float(_side_of(landmarks, np.array([0.0, 1.0]))) - origin
+    scale = 1.0 / (SIDE_BLEND * d)
+    right = np.clip((0.5 + origin * scale)
+                    + (dx * scale) * np.arange(w, dtype=np.float32)[None, :]
+                    + (dy * scale) * np.arange(h, dtype=np.float32)[:, None],
+                    0.0, 1.0).astype(np.float32)
     for side, share in ((-1, 1.0 - right), (1, right)):
         half = fit_skin_model(image, landmarks, side)
         if half is not None:

@@ -327,8 +327,11 @@ def _cleaned(small: np.ndarray, local: np.ndarray, occluders: np.ndarray,
     """The source's working image (h, w, 3) uint8 with its ``occluders`` filled from
     the skin inside its ``outline`` (:func:`skin_fill.fill_from_skin`)."""
     d = eye_distance(local)
-    skin = occ.skin_map(small, local)
-    readable = outline if skin is None else outline * skin
+    # (The whole face's skin model weighs what is read: each side's would cost three
+    # probability maps a source for a weight the fill's wide Gaussians smooth anyway.)
+    model = occ.fit_skin_model(small, local)
+    readable = outline if model is None else outline * occ.skin_probability(
+        small, model, max(0.5, 0.01 * d))
     return skin_fill.fill_from_skin(small, skin_fill.covered(occluders, d), readable, d)
 
 
