@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -83,16 +84,42 @@ def offline_fps(fuser: FaceFuser, frames: list[np.ndarray], source: Path) -> flo
     return round(len(times[10:]) / sum(times[10:]), 1)
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` forked (its render processes), alive now."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of ``pid`` and of its living children (a render process)."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def rss_mb(pid: int) -> float:
+    """``pid``'s RSS plus its children's private memory (Private_* of smaps_rollup:
+    what a forked child holds that the server does not share), MB."""
+    total = 0.0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+            total += int(line.split()[1]) / 1024
+    for c in children(pid):
+        try:
+            rollup = Path(f"/proc/{c}/smaps_rollup").read_text().splitlines()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in rollup
+                     if line.startswith(("Private_Clean:", "Private_Dirty:"))) / 1024
+    return total
 
 
 async def session(server: ServerProcess, frames: list[np.ndarray], source: bytes,
@@ -142,6 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     camera_photo = decode_image(next(samples.glob(f"{CAMERA}.*")))
     source_path = next(samples.glob(f"{SOURCE}.*"))
     env = {"FACEFUSE_LIVE_RENDER_THREADS": str(args.render_threads),
+           "FACEFUSE_LIVE_RENDER_PROCESSES": str(args.render_processes),
            "FACEFUSE_LIVE_MAX_SESSIONS": "2"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
@@ -174,6 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             long_run["rss_growth_from_start_mb"] = round(rss[-1][1] - rss[0][1], 1)
             print({k: v for k, v in long_run.items() if k != "rss_mb"}, flush=True)
     return {"machine": machine(), "render_threads": args.render_threads,
+            "render_processes": args.render_processes,
             "camera_fps": CAMERA_FPS, "load_before": os.getloadavg(), "rows": rows,
             "long": long_run}
 
@@ -248,6 +277,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="measured window per size")
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--render-threads", type=int, default=1)
+    ap.add_argument("--render-processes", type=int, choices=(0, 1), default=1,
+                    help="1: render in a forked process per session (the default)")
     ap.add_argument("--long-seconds", type=float, default=0.0)
     ap.add_argument("--benchmarks", action="store_true", help="write BENCHMARKS.md's section")
     ap.add_argument("--out", help="write live.json here instead of bench/results/")

@@ -256,6 +256,9 @@ class Settings:
     #: Frames of one session rendered at once (2: the render of one overlaps the
     #: tracking and render of the next; more throughput on idle cores, more latency).
     live_render_threads: int = 1
+    #: Render a session's frames in a child process forked for it (where the swapper
+    #: is fork-safe, on Linux), out of the way of the server's interpreter lock.
+    live_render_processes: bool = True
     #: The server side's STUN / TURN servers (``turn:turn.example.org:3478``, comma
     #: separated); also sent to clients as ``Link: <...>; rel="ice-server"`` headers.
     live_ice_servers: tuple[str, ...] = ()

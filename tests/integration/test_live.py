@@ -111,10 +111,30 @@ def udp_sockets(pid: int) -> int:
     return held
 
 
+def children(pid: int) -> set[int]:
+    """The processes ``pid`` forked that still run (its render processes)."""
+    out: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out |= {int(c) for c in f.read().split()}
+        except OSError:
+            pass
+    return out
+
+
+async def no_new_children(pid: int, before: set[int], within: float = 10.0) -> None:
+    end = time.monotonic() + within
+    while children(pid) - before and time.monotonic() < end:
+        await asyncio.sleep(0.2)
+    assert not children(pid) - before, "a render process outlived its session"
+
+
 async def test_a_session_fuses_the_camera_passes_audio_and_ends(
         server: ServerProcess, camera: list[np.ndarray], source_id: str,
         analyser: FaceAnalyser, sample_images: dict[str, np.ndarray]) -> None:
     client = LiveClient(server.url, USER_TOKEN, frames=camera, fps=15, audio=True)
+    before = children(server.pid)
     try:
         r = await client.start(params={"source_id": source_id, "degree": 100})
         assert r.status_code == 201, r.text
@@ -125,6 +145,10 @@ async def test_a_session_fuses_the_camera_passes_audio_and_ends(
         await client.wait_for(lambda: client.audio_frames >= 20, 30, "audio back")
         fused = client.received[-1]
         assert fused.shape == camera[0].shape
+        # rendered in a process of its own, which holds none of the server's sockets
+        renderers = children(server.pid) - before
+        assert len(renderers) == 1
+        assert all(udp_sockets(p) == 0 for p in renderers)
         # The recogniser sees the source's identity (a different photo of them) in a
         # received frame: closer to it than the camera person's own frame is.
         again = sample_images[SOURCE_AGAIN]
@@ -170,6 +194,7 @@ async def test_a_session_fuses_the_camera_passes_audio_and_ends(
             assert metric_values(metrics, "facefuse_live_frame_latency_seconds_count")[""] > 0
             r = await c.delete(client.location)
             assert r.status_code == 204
+            await no_new_children(server.pid, before)
             r = await c.get(client.location)
             assert r.status_code == 404
             assert r.json()["error"]["code"] == "live_session_not_found"
@@ -340,6 +365,7 @@ async def test_a_client_that_vanishes_is_reaped_with_its_sockets(
     script = VANISHING_CLIENT.format(here=str(Path(__file__).parent), frames=str(frames),
                                      url=server.url, token=USER_TOKEN, source=source_id)
     before = udp_sockets(server.pid)
+    forked = children(server.pid)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -348,6 +374,7 @@ async def test_a_client_that_vanishes_is_reaped_with_its_sockets(
         assert proc.stdout.readline().strip() == "fused"
         assert await live_count(server) == 1
         assert udp_sockets(server.pid) > before
+        assert len(children(server.pid) - forked) == 1  # its render process
         proc.send_signal(signal.SIGKILL)  # no goodbye: no DELETE, no DTLS close
         proc.wait(10)
         end = time.monotonic() + 10.0
@@ -358,6 +385,7 @@ async def test_a_client_that_vanishes_is_reaped_with_its_sockets(
         while udp_sockets(server.pid) > before and time.monotonic() < end:
             await asyncio.sleep(0.2)
         assert udp_sockets(server.pid) == before
+        await no_new_children(server.pid, forked)
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
             metrics = (await c.get("/metrics",
                                    headers={"Authorization": f"Bearer {USER_TOKEN}"})).text

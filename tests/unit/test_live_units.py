@@ -4,7 +4,11 @@ rule and its changes between frames, and the session registry's bounds and owner
 
 from __future__ import annotations
 
+import fractions
+import os
+import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +19,7 @@ from facefuse.errors import BadRequestError, InvalidOfferError, LiveSessionNotFo
 from facefuse.live.loop import FrameLoop
 from facefuse.live.sdp import check_offer, check_viewer_offer
 from facefuse.live.sessions import LiveSources
+from facefuse.video.processes import available as forkable_here
 
 TIMEOUT = 30.0
 
@@ -167,6 +172,117 @@ def test_changes_apply_between_frames_and_a_bad_frame_passes_through() -> None:
             loop.sent(0.0)
         figures = loop.figures.to_dict()
         assert figures["frames_out"] == 3 and figures["latency_p50_ms"] is not None
+    finally:
+        loop.close()
+
+
+# --- the render process -----------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def moving_face(fuser: Any, sample_images: dict[str, np.ndarray]) -> list[Any]:
+    """A 320x240 clip of a head moving, as PyAV frames with camera timestamps."""
+    av = pytest.importorskip("av")
+    from facefuse.toolchain.clips import Scene, motion_frames
+
+    photo = sample_images["biden"]
+    b = fuser.analyser.analyse(photo, embed=False)[0].bbox
+    scene = Scene(photo, 12, (float(b[0] + b[2]) / 2, float(b[1] + b[3]) / 2,
+                              float(b[2] - b[0])), size=(320, 240), face_px=100.0)
+    frames = []
+    for i, rgb in enumerate(motion_frames(scene)):
+        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+        frame.pts, frame.time_base = i * 3000, fractions.Fraction(1, 90_000)
+        frames.append(frame)
+    return frames
+
+
+def clip(fuser: Any, sample_paths: dict[str, Any], degree: int = 80) -> Any:
+    from facefuse.fusion.types import FuseOptions
+    from facefuse.video.engine import ClipFusion, VideoOptions
+
+    return ClipFusion(fuser, VideoOptions(fuse=FuseOptions(degree=degree), threads=1,
+                                          processes=False), [sample_paths["obama2"]])
+
+
+def fuse_one_by_one(loop: FrameLoop, sink: Sink, frames: list[Any],
+                    changes: dict[int, Callable[[Any], None]]) -> list[np.ndarray]:
+    """Each frame offered once the one before came out (none dropped), with
+    ``changes[i]`` asked for before frame ``i``."""
+    for i, frame in enumerate(frames):
+        if i in changes:
+            loop.change(changes[i])
+        loop.offer(frame)
+        sink.wait(i + 1)
+    return [f.to_ndarray(format="rgb24") for f in sink.frames]
+
+
+@pytest.mark.skipif(not forkable_here(), reason="no forked render processes here")
+def test_a_render_process_fuses_as_the_threads_do_takes_changes_and_ends_with_the_loop(
+        fuser: Any, sample_paths: dict[str, Any], moving_face: list[Any]) -> None:
+    import dataclasses
+
+    outputs = {}
+    for processes, changed in ((True, True), (False, True), (True, False)):
+        state, sink = clip(fuser, sample_paths), Sink()
+        source = state.prepare_source([sample_paths["astronaut"]])
+
+        def new_source(st: Any, source: object = source) -> None:
+            st.use_source(source)
+
+        changes: dict[int, Callable[[Any], None]] = {
+            4: lambda st: st.retune(dataclasses.replace(st.options.fuse, degree=40)),
+            8: new_source,
+        } if changed else {}
+        loop = FrameLoop(state, sink, workers=1, processes=processes)
+        try:
+            loop.offer(moving_face[0])
+            sink.wait(1)
+            pid = loop.render_pid
+            assert (pid is not None) == processes
+            assert pid is None or alive(pid)
+            sink.frames.clear()
+            outputs[processes, changed] = fuse_one_by_one(loop, sink, moving_face, changes)
+            assert loop.figures.frames_fused == len(moving_face) + 1
+        finally:
+            loop.close()
+        assert not loop.running and loop.render_pid is None
+        assert pid is None or not alive(pid)
+    # The same pixels, before and after each change: the child took the new degree
+    # and the new source between two frames, as the frame thread did.
+    for a, b in zip(outputs[True, True], outputs[False, True], strict=True):
+        assert np.array_equal(a, b)
+    same = [np.array_equal(a, b) for a, b in zip(outputs[True, True], outputs[True, False],
+                                                 strict=True)]
+    assert same == [True] * 4 + [False] * (len(moving_face) - 4)
+
+
+@pytest.mark.skipif(not forkable_here(), reason="no forked render processes here")
+def test_a_render_process_that_dies_leaves_the_session_fusing_in_threads(
+        fuser: Any, sample_paths: dict[str, Any], moving_face: list[Any]) -> None:
+    state, sink = clip(fuser, sample_paths), Sink()
+    loop = FrameLoop(state, sink, workers=1, processes=True)
+    try:
+        loop.offer(moving_face[0])
+        sink.wait(1)
+        pid = loop.render_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        for n, frame in enumerate(moving_face[1:6], start=2):
+            loop.offer(frame)
+            sink.wait(n)
+        assert loop.render_pid is None and not alive(pid)
+        # the frames in hand when it died went out unfused, the later ones fused
+        assert loop.figures.frames_fused >= 4
     finally:
         loop.close()
 

@@ -12,6 +12,15 @@ clip engine), then finishes (tone smoothing, blend) and hands out the frames in
 order. So a slow frame delays only itself, and the frame fused next is always the
 newest there is: latency stays about one frame's work, whatever the camera's rate.
 
+Where the clip's swapper can (:func:`~facefuse.live.render.forkable`), the renders
+run in a child process forked by that thread instead of the pool
+(:class:`~facefuse.live.render.ForkedRenderer`, frames through shared memory): they
+no longer take turns at the interpreter lock with the tracking, aiortc's codec
+threads and the event loop. The child ends with the thread; one that dies leaves
+the session rendering in its threads. With ``workers`` 2 the next frame is planned
+while the child renders the one before, taken late enough that its plan ends about
+when that render does.
+
 Changes asked for while frames flow (a degree, a new source) are queued as
 callables and applied by that thread between two plans, in order (a render
 already running finishes with what it started with).
@@ -38,6 +47,7 @@ import cv2
 import numpy as np
 
 from facefuse.fusion.swappers.base import FaceLayer
+from facefuse.live.render import ForkedRenderer, forkable
 from facefuse.video.engine import ClipFusion, FramePlan
 from facefuse.video.io import patched_picture
 
@@ -51,6 +61,8 @@ _REUSABLE = frozenset({"yuv420p", "yuvj420p"})
 LATENCY_WINDOW = 600
 #: Seconds over which a session's frame rates are measured.
 RATE_WINDOW_S = 2.0
+#: The weight of the newest time in the smoothed plan and render times.
+_SMOOTH = 0.2
 
 
 class LiveObserver(Protocol):
@@ -81,6 +93,8 @@ class _InFlight:
     plan: FramePlan | None
     scaled: bool
     layers: Future[list[FaceLayer]]
+    #: Seconds its conversion and plan took.
+    plan_s: float = 0.0
 
 
 @dataclass
@@ -157,13 +171,19 @@ Emit = Callable[[Any, float], None]
 class FrameLoop:
     """Fuses the newest frame offered, in a thread of its own (see the module
     docstring). ``max_side``: frames whose longer side is over it are fused scaled
-    down to it. ``workers``: frames rendered at once (the render of one overlaps
-    the tracking and render of the next; 1: one frame at a time)."""
+    down to it. ``workers``: frames in flight at once (the render of one overlaps
+    the tracking of the next; 1: one frame at a time). ``processes``: render in a
+    forked child process where the clip can (else, or if it fails, in threads)."""
 
     def __init__(self, state: ClipFusion, emit: Emit, *, observer: LiveObserver | None = None,
-                 max_side: int = 1920, workers: int = 2, name: str = "live") -> None:
+                 max_side: int = 1920, workers: int = 2, processes: bool = True,
+                 name: str = "live") -> None:
         self.state = state
         self._workers = workers
+        self._processes = processes
+        self._renderer: ForkedRenderer | None = None
+        #: The render process's id while there is one (else None).
+        self.render_pid: int | None = None
         self.figures = LiveFigures()
         self._emit = emit
         self._observer = observer or _NoObserver()
@@ -174,6 +194,8 @@ class FrameLoop:
         self._stop = False
         self._index = 0
         self._t0: float | None = None
+        #: A frame's conversion and plan, seconds (smoothed).
+        self._plan_s = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -225,24 +247,44 @@ class FrameLoop:
     # --- the frame thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._processes and forkable(self.state):
+            try:
+                self._renderer = ForkedRenderer(self.state, self._max_side ** 2,
+                                                self._workers, name=f"{self._thread.name}-r")
+                self.render_pid = self._renderer.pid
+            except OSError:
+                log.warning("no render process (the fork failed): rendering in threads")
+        try:
+            self._frames()
+        finally:
+            self._drop_renderer()
+
+    def _drop_renderer(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer, self.render_pid = None, None
+
+    def _frames(self) -> None:
         """Take the newest frame whenever fewer than ``workers`` are rendering, plan it
-        (tracking, in frame order), render it in the pool, and finish and emit the
-        frames in order as their renders complete."""
+        (tracking, in frame order), render it (in the child or the pool), and finish
+        and emit the frames in order as their renders complete."""
         pending: deque[_InFlight] = deque()
         with ThreadPoolExecutor(self._workers, thread_name_prefix=self._thread.name) as pool:
             while True:
                 with self._cond:
-                    while not (self._stop or self._changes
-                               or (self._slot is not None and len(pending) < self._workers)
-                               or (pending and pending[0].layers.done())):
-                        self._cond.wait()
+                    while True:
+                        wait = self._take_in(pending) if self._slot is not None else None
+                        if (self._stop or self._changes or (wait is not None and wait <= 0)
+                                or (pending and pending[0].layers.done())):
+                            break
+                        self._cond.wait(wait)
                     if self._stop:
                         for x in pending:
                             x.layers.cancel()
                         return
                     changes, self._changes = self._changes, []
                     item = None
-                    if self._slot is not None and len(pending) < self._workers:
+                    if self._slot is not None and self._take_in(pending) == 0.0:
                         item, self._slot = self._slot, None
                 for apply in changes:
                     try:
@@ -253,6 +295,23 @@ class FrameLoop:
                     pending.append(self._start(item, pool))
                 while pending and pending[0].layers.done():
                     self._emit(*self._finish(pending.popleft()))
+
+    def _take_in(self, pending: deque[_InFlight]) -> float | None:
+        """Seconds until the slot's frame is to be taken (0.0: now; None: not before a
+        frame in flight is done): when fewer than ``workers`` are in flight; with a
+        render process, once the last one's render is about a plan's time from its
+        end (taken earlier, the frame would only wait, older, for the child)."""
+        if not pending:
+            return 0.0
+        if len(pending) >= self._workers:
+            return None
+        if self._renderer is None:
+            return 0.0
+        last = pending[-1]
+        if last.layers.done():
+            return 0.0
+        due = last.t0 + last.plan_s + self._renderer.render_s - self._plan_s
+        return max(0.0, due - time.monotonic())
 
     def _wake(self, _: object = None) -> None:
         with self._cond:
@@ -271,13 +330,19 @@ class FrameLoop:
                 t = t0 - self._t0
             plan = self.state.plan(rgb, self._index, float(t))
             self._index += 1
-            layers = pool.submit(self.state.render, plan)
+            plan_s = time.monotonic() - t0
+            self._plan_s += (plan_s - self._plan_s) * _SMOOTH
+            if self._renderer is not None and not self._renderer.alive:
+                log.warning("the render process died: rendering in threads")
+                self._drop_renderer()
+            layers = (self._renderer.submit(plan) if self._renderer is not None
+                      else pool.submit(self.state.render, plan))
         except Exception:
             log.exception("a live frame could not be planned; passed through unfused")
-            plan, scaled, layers = None, False, Future()
+            plan, scaled, layers, plan_s = None, False, Future(), 0.0
             layers.set_result([])
         layers.add_done_callback(self._wake)
-        return _InFlight(frame, received, t0, plan, scaled, layers)
+        return _InFlight(frame, received, t0, plan, scaled, layers, plan_s)
 
     def _finish(self, x: _InFlight) -> tuple[Any, float]:
         """(the output picture, when its input came)."""

@@ -111,7 +111,7 @@ class LiveSession:
 
     def __init__(self, owner: str, state: ClipFusion, *, observer: LiveObserver | None,
                  config: RTCConfiguration, max_side: int, max_viewers: int,
-                 render_threads: int = 1,
+                 render_threads: int = 1, render_processes: bool = True,
                  updater: Updater | None = None, describe: dict[str, Any] | None = None
                  ) -> None:
         self.id = secrets.token_urlsafe(12)
@@ -128,7 +128,8 @@ class LiveSession:
         self._relay = MediaRelay()
         self._fused = FusedTrack()
         self.frames = FrameLoop(state, self._emit, observer=observer, max_side=max_side,
-                                workers=render_threads, name=f"live-{self.id[:6]}")
+                                workers=render_threads, processes=render_processes,
+                                name=f"live-{self.id[:6]}")
         self._fused.frames = self.frames
         self._audio: MediaStreamTrack | None = None
         self.pc = RTCPeerConnection(config)

@@ -67,13 +67,14 @@ class LiveSessions:
         max_viewers: viewers per session.
         max_side: frames larger than this (longer side, pixels) are fused scaled down.
         render_threads: frames of one session rendered at once.
+        render_processes: render in a child process forked per session where it can.
         ice_urls, ice_username, ice_credential: the server side's STUN / TURN servers.
         observer: the metrics.
     """
 
     def __init__(self, *, max_sessions: int, idle_s: float, reap_every_s: float = 1.0,
                  max_viewers: int = 4, max_side: int = 1280, render_threads: int = 1,
-                 ice_urls: tuple[str, ...] = (),
+                 render_processes: bool = True, ice_urls: tuple[str, ...] = (),
                  ice_username: str = "", ice_credential: str = "",
                  observer: SessionsObserver | None = None) -> None:
         self.max_sessions = max_sessions
@@ -82,6 +83,7 @@ class LiveSessions:
         self.max_viewers = max_viewers
         self.max_side = max_side
         self.render_threads = render_threads
+        self.render_processes = render_processes
         self._ice = (ice_urls, ice_username, ice_credential)
         self._observer = observer
         self._sessions: dict[str, LiveSession] = {}
@@ -130,6 +132,7 @@ class LiveSessions:
             session = LiveSession(owner, state, observer=self._observer,
                                   config=ice_configuration(*self._ice), max_side=self.max_side,
                                   render_threads=self.render_threads,
+                                  render_processes=self.render_processes,
                                   max_viewers=self.max_viewers, updater=updater,
                                   describe=describe)
             try:

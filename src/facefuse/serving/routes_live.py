@@ -91,6 +91,7 @@ def live_sessions(settings: Settings, observer: SessionsObserver) -> LiveSession
     return LiveSessions(max_sessions=settings.live_max_sessions, idle_s=settings.live_idle_s,
                         max_viewers=settings.live_max_viewers, max_side=settings.live_max_side,
                         render_threads=settings.live_render_threads,
+                        render_processes=settings.live_render_processes,
                         ice_urls=settings.live_ice_servers,
                         ice_username=settings.live_ice_username,
                         ice_credential=settings.live_ice_credential, observer=observer)

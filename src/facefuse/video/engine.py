@@ -311,6 +311,9 @@ class ClipFusion:
         every_face = fo.mode != "one" or self.pairs is not None
         self.purpose: Any = "all" if every_face else "largest"
         self.tracker = Tracker()
+        #: Moves on whenever what :meth:`render_faces` reads of the clip changes (a
+        #: new source or options: :meth:`render_inputs`).
+        self.revision = 0
         self._thumb: np.ndarray | None = None
         self._last_detect = -(10**9)
         self.detections = 0
@@ -347,6 +350,7 @@ class ClipFusion:
         source and its tone history are dropped."""
         assert isinstance(prepared, _Source)
         self.sources[None] = prepared
+        self.revision += 1
         for tr in self.tracker.tracks:
             tr.carried = None
             if isinstance(tr.tone, _Tone):
@@ -367,6 +371,22 @@ class ClipFusion:
                                        code="option_fixed")
         self.options = dataclasses.replace(self.options, fuse=fuse)
         self._render_options = dataclasses.replace(fuse, evaluate=False)
+        self.revision += 1
+
+    def render_inputs(self) -> tuple[dict[int | None, object], FuseOptions]:
+        """What :meth:`render_faces` reads of the clip besides its arguments: the
+        sources by key and the render options. They pickle: a child process that
+        renders for this clip is handed them again when :attr:`revision` moves."""
+        return dict(self.sources), self._render_options
+
+    def use_render_inputs(self, inputs: tuple[dict[int | None, object], FuseOptions]
+                          ) -> None:
+        """Render with another clip's :meth:`render_inputs` (in a child process that
+        renders for it)."""
+        sources, options = inputs
+        assert all(isinstance(s, _Source) for s in sources.values())
+        self.sources = {k: s for k, s in sources.items() if isinstance(s, _Source)}
+        self._render_options = options
 
     # ---- one frame ------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["CLOSE_WAIT_S", "ForkedCalls", "available"]
+__all__ = ["CLOSE_WAIT_S", "ForkedCalls", "available", "prepare_child"]
 
 #: Linux's ``prctl`` option that sends a signal to a process when its parent dies.
 _PR_SET_PDEATHSIG = 1
@@ -73,6 +73,15 @@ def _die_with_parent(parent: int) -> None:
 
 def _start_child(fn: Callable[..., Any], parent: int) -> None:
     global _CALL
+    prepare_child(parent)
+    _CALL = fn
+
+
+def prepare_child(parent: int) -> None:
+    """Set up a child just forked from process ``parent`` (with :func:`gc.freeze`
+    called across the fork) as the module docstring says: it dies with the thread
+    that forked it, ignores SIGINT, takes SIGTERM's default, writes to fresh
+    standard streams and never collects what it inherited."""
     # The cyclic garbage collector leaves alone every object this child inherited
     # (frozen by the parent across the fork; what the start-up made too): an
     # unreachable cycle of the parent's could hold a decoded PyAV frame, whose
@@ -85,7 +94,6 @@ def _start_child(fn: Callable[..., Any], parent: int) -> None:
     # Fresh stream objects on the same descriptors: their buffers' locks were
     # copied as the parent's threads held them at the fork.
     sys.stdout, sys.stderr = _stream(1, -1), _stream(2, 1)
-    _CALL = fn
 
 
 def _stream(fd: int, buffering: int) -> Any:
