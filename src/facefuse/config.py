@@ -241,6 +241,10 @@ class Settings:
     #: A worker silent this long (no broker heartbeat) is dead: its job goes back on
     #: the queue for another, seconds.
     jobs_heartbeat_s: float = 30.0
+    #: A worker whose memory (PSS, with any child processes) is above this after a job,
+    #: MB, exits cleanly once the job is written, for its supervisor to start a fresh
+    #: one (0: never).
+    jobs_soft_memory_mb: int = 0
 
     # --- live sessions over WebRTC (see docs/live.md) ------------------------------------
     #: Live sessions one process runs at once (beyond: 503 ``live_full`` + Retry-After);
@@ -382,6 +386,7 @@ class Settings:
             (s.jobs_max_queued >= 1 and s.jobs_max_queued_total >= 1 and s.jobs_ttl_s >= 1
              and s.jobs_timeout_s >= 1 and s.jobs_max_tries >= 1 and s.jobs_heartbeat_s >= 1,
              "jobs_* settings must be >= 1"),
+            (s.jobs_soft_memory_mb >= 0, "jobs_soft_memory_mb must be >= 0 (0: no limit)"),
             (s.live_max_sessions >= 0 and s.live_max_viewers >= 0 and s.live_idle_s > 0,
              "live_max_sessions and live_max_viewers must be >= 0, live_idle_s > 0"),
             (s.live_max_side >= 64 and 1 <= s.live_render_threads <= 8,

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import redis
 from server_harness import ADMIN_TOKEN, USER_TOKEN, ServerProcess
-from worker_harness import WorkerProcess, wait_for, wait_state
+from worker_harness import WorkerProcess, job_state, wait_for, wait_state
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
@@ -412,3 +412,39 @@ def test_a_starting_worker_removes_what_killed_workers_left(
         assert not orphan.exists() and running.exists(), w.log_tail()
     finally:
         w.kill()
+
+
+def test_a_worker_above_its_soft_memory_limit_finishes_its_job_and_exits(
+        api_factory: Callable[..., ServerProcess], settings: Settings, jobs_redis: Any,
+        tmp_path: Path, sample_paths: dict[str, Path]) -> None:
+    """A soft limit below any worker's size: the worker finishes the job it took,
+    writes its result, takes no other and exits 0; the job it left queued is done
+    by the next worker (a supervisor's restart), and the first result is kept."""
+    api = api_factory()
+    source = sample_paths["biden"].read_bytes()
+    target = sample_paths["obama"].read_bytes()
+    heavy = WorkerProcess(settings.home, tmp_path, jobs_redis.url,
+                          env={"FACEFUSE_JOBS_SOFT_MEMORY_MB": "20"}, name="heavy").start()
+    with api.client(USER_TOKEN) as c:
+        first, second = (post_image_job(c, source, target) for _ in range(2))
+        assert first.status_code == second.status_code == 202
+        assert heavy.wait(timeout=240) == 0, heavy.log_tail()
+        assert "above its soft limit" in heavy.log_tail(), heavy.log_tail()
+        assert "stopped (above its soft memory limit)" in heavy.log_tail()
+        states = [job_state(c, r.headers["location"]) for r in (first, second)]
+        # One job done, the other untouched: still queued, never started.
+        assert sorted(s["status"] for s in states) == ["queued", "succeeded"], states
+        done_loc, left_loc = ((first, second) if states[0]["status"] == "succeeded"
+                              else (second, first))
+        left = job_state(c, left_loc.headers["location"])
+        assert left["attempts"] == 0, left
+        fresh = WorkerProcess(settings.home, tmp_path, jobs_redis.url, name="fresh").start()
+        try:
+            assert wait_state(c, left_loc.headers["location"], {"succeeded", "failed"})[
+                "status"] == "succeeded"
+            assert fresh.proc is not None and fresh.proc.poll() is None  # no limit: it stays
+        finally:
+            fresh.kill()
+        for r in (done_loc, left_loc):
+            got = c.get(r.headers["location"] + "/result")
+            assert got.status_code == 200 and got.headers["content-type"] == "image/jpeg"

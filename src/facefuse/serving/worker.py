@@ -36,7 +36,21 @@ Signals:
 
 Memory: after every job the worker collects garbage and gives the C heap's free
 pages back (:func:`facefuse.serving.heap.release_free_heap`), so a clip that failed
-half-way leaves the worker where it was before it.
+half-way leaves the worker where it was before it. A worker whose memory is still
+above ``jobs_soft_memory_mb`` then (its PSS with any child process, from
+``/proc``: what its container is charged) retires: the job is already written and
+its message acknowledged, the worker takes no other (its Dramatiq thread stops
+after this message; one the consumer had prefetched goes back on the queue) and
+the process exits 0 as after a SIGTERM, for its supervisor (Kubernetes,
+compose's ``restart``) to start a fresh one.
+
+Time: a clip job may work ``jobs_timeout_s`` on its frames, then it fails typed
+``deadline_exceeded``. That clock runs only while the job works: the waits for an
+absent Redis (before the first frame, at the end, and the progress writes that
+failed meanwhile) are not counted, so an outage of any length cannot run a job out
+of time while its bookkeeping waits. Dramatiq's own time limit, which raises into
+the job's thread wherever it is (a wait for Redis included, whose message would
+then be acknowledged with its job unfinished), is off for the actor.
 
 Temporary files: a clip job works in a temporary directory named after the
 worker's pid (``facefuse-job-<pid>-…``, the user's clip and the output being
@@ -69,7 +83,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from facefuse.config import Settings
-from facefuse.errors import CancelledError, FacefuseError
+from facefuse.errors import CancelledError, DeadlineExceededError, FacefuseError
 from facefuse.fusion.engine import FaceFuser
 from facefuse.imaging.encode import content_type
 from facefuse.imaging.output import OutputPolicy
@@ -77,7 +91,7 @@ from facefuse.serving.heap import release_free_heap
 from facefuse.serving.jobs import ACTOR, QUEUE, JobStore, broker, job_options
 from facefuse.video.engine import VideoFuser, frame_threads_only
 
-__all__ = ["JobRunner", "run_worker"]
+__all__ = ["JobRunner", "WorkClock", "run_worker", "tree_pss_mb"]
 
 log = logging.getLogger("facefuse.worker")
 
@@ -100,6 +114,34 @@ SHUTDOWN_MARGIN_S = 30.0
 REDIS_PATIENCE_S = 5.0
 
 T = TypeVar("T")
+
+
+def tree_pss_mb(pid: int | str = "self") -> float:
+    """PSS of process ``pid`` and its live children, MB (``Pss`` of
+    ``/proc/<pid>/smaps_rollup``: pages shared with a child counted once); its
+    ``VmRSS`` where smaps_rollup cannot be read; 0.0 off Linux."""
+    proc = Path("/proc") / str(pid)
+    pids = [str(pid)]
+    with contextlib.suppress(OSError):
+        for task in (proc / "task").iterdir():
+            with contextlib.suppress(OSError):
+                pids += (task / "children").read_text().split()
+    total = 0.0
+    for p in pids:
+        field = None
+        with contextlib.suppress(OSError):
+            for line in (Path("/proc") / p / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    field = int(line.split()[1])
+                    break
+        if field is None and p == str(pid):
+            with contextlib.suppress(OSError):
+                for line in (proc / "status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        field = int(line.split()[1])
+                        break
+        total += (field or 0) / 1024
+    return total
 
 
 def patient(fn: Callable[..., T], *args: Any, seconds: float | None = None) -> T:
@@ -149,6 +191,10 @@ class JobRunner:
         self.handing_back = threading.Event()
         #: The id of the job running now, None between jobs.
         self.current: str | None = None
+        #: Called once when the worker is above its soft memory limit after a job.
+        self.on_retire: Callable[[float], object] | None = None
+        #: Set once the worker retires: it takes no other job.
+        self.retired = threading.Event()
 
     def __call__(self, job_id: str) -> None:
         self.current = job_id
@@ -158,6 +204,28 @@ class JobRunner:
             self.current = None
             gc.collect()
             release_free_heap()
+            self._check_memory()
+
+    def _check_memory(self) -> None:
+        """Retire (see the module docstring) when above ``jobs_soft_memory_mb``."""
+        limit = self.settings.jobs_soft_memory_mb
+        if not limit or self.retired.is_set():
+            return
+        used = tree_pss_mb()
+        if used <= limit:
+            return
+        self.retired.set()
+        log.warning("worker memory %.0f MB is above its soft limit (%d MB) after a job; "
+                    "restarting", used, limit,
+                    extra={"fields": {"worker": self.name, "pss_mb": round(used)}})
+        with contextlib.suppress(ImportError):
+            from dramatiq.worker import WorkerThread
+
+            thread = threading.current_thread()
+            if isinstance(thread, WorkerThread):
+                thread.stop()  # after this message's acknowledgement: no other job
+        if self.on_retire is not None:
+            self.on_retire(used)
 
     def _attempt(self, job_id: str) -> None:
         attempt = patient(self.store.claim, job_id, self.name)
@@ -217,22 +285,24 @@ class JobRunner:
                                                                     quality)
             return data, content_type(out_format), result.report()
         last = [0.0]
+        clock = WorkClock(self.settings.jobs_timeout_s)
 
         def progress(done: int, total: int, fps: float) -> None:
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY_S or done == total:
                 last[0] = now
-                best_effort(self.store.progress, job_id, done, total, fps, default=None)
+                clock.call(self.store.progress, job_id, done, total, fps, default=None)
 
         checked = [0.0, False]
 
         def cancelled() -> bool:
             if self.handing_back.is_set():
                 raise HandBackError(job_id)
+            clock.check()
             now = time.monotonic()
             if now - float(checked[0]) >= PROGRESS_EVERY_S:
                 checked[0] = now
-                checked[1] = best_effort(self.store.cancel_requested, job_id, default=False)
+                checked[1] = clock.call(self.store.cancel_requested, job_id, default=False)
             return bool(checked[1])
 
         with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
@@ -243,6 +313,38 @@ class JobRunner:
                                            reference=reference, progress=progress,
                                            cancelled=cancelled)
             return out.read_bytes(), _CLIP_TYPES[out_format], report.to_dict()
+
+
+class WorkClock:
+    """A clip job's run time against ``limit_s``, less the time its Redis calls spent
+    failing (an outage is not the job's work)."""
+
+    def __init__(self, limit_s: float, now: Callable[[], float] = time.monotonic) -> None:
+        self.limit_s = limit_s
+        self.now = now
+        self.start = now()
+        self.away_s = 0.0
+
+    def call(self, fn: Callable[..., T], *args: Any, default: T) -> T:
+        """:func:`best_effort`, the time of a failed call not counted."""
+        import redis
+
+        t0 = self.now()
+        try:
+            return fn(*args)
+        except redis.RedisError:
+            self.away_s += self.now() - t0
+            return default
+
+    def worked_s(self) -> float:
+        return self.now() - self.start - self.away_s
+
+    def check(self) -> None:
+        """Raises DeadlineExceededError once the job has worked ``limit_s``."""
+        if self.worked_s() > self.limit_s:
+            raise DeadlineExceededError(
+                f"the clip was still running after {self.limit_s:.0f} s "
+                f"(FACEFUSE_JOBS_TIMEOUT_S)")
 
 
 #: The name of a job's temporary directory starts with this and the worker's pid.
@@ -364,7 +466,9 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
     runner = JobRunner(settings, store, fuser, metrics)
     dramatiq.actor(actor_name=ACTOR, queue_name=QUEUE, broker=q,
                    max_retries=settings.jobs_max_tries, min_backoff=200, max_backoff=2000,
-                   time_limit=settings.jobs_timeout_s * 1000,
+                   # Never: the job keeps its own clock (WorkClock), which does not
+                   # count the waits for Redis that Dramatiq's would interrupt.
+                   time_limit=float("inf"),
                    # Typed errors end the job themselves; only crashes and hand-backs retry.
                    throws=(FacefuseError,))(runner)
     stop = threading.Event()
@@ -380,6 +484,8 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
             runner.handing_back.set()
         stop.set()
 
+    runner.on_retire = lambda _mb: stop.set()
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -390,7 +496,8 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
     print(f"facefuse worker {runner.name} ready", flush=True)
     wait_for_stop(stop)
     shut_down(worker, runner, flight, settings.shutdown_grace_s)
-    print(f"facefuse worker {runner.name} stopped", flush=True)
+    why = " (above its soft memory limit)" if runner.retired.is_set() else ""
+    print(f"facefuse worker {runner.name} stopped{why}", flush=True)
     logging.shutdown()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
