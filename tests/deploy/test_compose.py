@@ -155,3 +155,8 @@ def test_worker_hands_its_job_back_before_it_is_killed() -> None:
     # The worker needs the job queue's Redis only (not the cache's).
     assert svc["environment"]["FACEFUSE_JOBS_REDIS_URL"].startswith("redis://redis-jobs:")
     assert "FACEFUSE_REDIS_URL" not in svc["environment"]
+    # The largest clip admitted (~1.9 GiB PSS, bench/worker_memory.py) on top of a
+    # worker at its soft limit; compose's `restart` starts the one that retires.
+    memory = svc["deploy"]["resources"]["limits"]["memory"]
+    assert memory.endswith("M") and svc["restart"] == "unless-stopped"
+    assert int(svc["environment"]["FACEFUSE_JOBS_SOFT_MEMORY_MB"]) + 1900 <= int(memory[:-1])

@@ -170,6 +170,13 @@ def test_worker_contract() -> None:
     api = by[("Deployment", "facefuse")]["spec"]["template"]["spec"]
     assert env(api, "facefuse")["FACEFUSE_JOBS_REDIS_URL"] == "jobs-redis-url"
     assert env(spec, "worker") == {"FACEFUSE_JOBS_REDIS_URL": "jobs-redis-url"}
+    # Sized from bench/worker_memory.py: the largest clip admitted (~1.9 GiB PSS) on
+    # top of a worker at its soft limit, which restarts above it.
+    values = {e["name"]: e.get("value") for e in container["env"]}
+    soft_mib = int(values["FACEFUSE_JOBS_SOFT_MEMORY_MB"])
+    memory = container["resources"]["limits"]["memory"]
+    assert memory == container["resources"]["requests"]["memory"] and memory.endswith("Mi")
+    assert soft_mib + 1900 <= int(memory[:-2])
     scaled = by[("ScaledObject", "facefuse-worker")]["spec"]
     assert scaled["scaleTargetRef"]["name"] == "facefuse-worker"
     (trigger,) = scaled["triggers"]
