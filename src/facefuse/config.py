@@ -233,8 +233,9 @@ class Settings:
     jobs_max_queued_total: int = 256
     #: How long a finished job (status and result) is kept, seconds.
     jobs_ttl_s: int = 24 * 3600
-    #: Longest a job may run, seconds; a worker that dies mid-job has its job retried
-    #: on another this long (plus a margin) after it started.
+    #: Longest a clip job may work on its frames, seconds (the waits for an absent
+    #: Redis not counted), then it fails ``deadline_exceeded``; also the age past
+    #: which a job's temporary files are swept.
     jobs_timeout_s: int = 1800
     #: Attempts per job (a retry follows a worker killed mid-job).
     jobs_max_tries: int = 3
