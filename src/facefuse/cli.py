@@ -30,8 +30,7 @@ exit codes:
   0  success
   1  a batch finished with failed images, or an internal error (rerun with -v)
   2  usage: a bad option, argument or key
-  3  bad input image or clip (empty, corrupt, unsupported, too large or too small;
-     a clip path that is not there)
+  3  bad input image or clip (empty, corrupt, unsupported, too large, too small, not there)
   4  face problem (no face, too small, in profile, index out of range)
   5  model or codec problem (missing or corrupt model file; no video codecs here)
   6  build or fetch problem (download, checksum, conversion, quantization gate)
