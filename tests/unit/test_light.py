@@ -78,19 +78,35 @@ def test_a_gradient_lit_face_is_estimated_lit_from_that_side(
     assert len(skin_vertices(lm)) >= 2 * light.MIN_FIT_VERTICES
 
 
+def _chroma(rgb: np.ndarray) -> np.ndarray:
+    """The rgb's offset from its luma over its luma (its hue and saturation)."""
+    luma = float(rgb @ np.array([0.299, 0.587, 0.114], np.float32))
+    out: np.ndarray = (rgb - luma) / luma
+    return out
+
+
 def test_dark_pixels_keep_their_own_hue_when_the_skin_takes_the_targets_tone() -> None:
     """Brows, lashes, stubble: the per-channel gains that give a dark source's skin a
     fair target's tone turned its brown brows blue-grey. Dark pixels take the relit
-    luma with their own chromaticity; the skin keeps the gains."""
+    luma with their own hue (at a saturation scaled as the skin's, half-way); the skin
+    keeps the gains."""
     before = np.full((40, 40, 3), (200.0, 150.0, 120.0), np.float32)
     before[10:20, 5:35] = (40.0, 25.0, 20.0)  # a brown brow
-    gains = np.array([1.1, 1.4, 1.6], np.float32)
-    relit = before * gains
-    kept = relit.copy()
-    light.keep_dark_hue(kept, before, np.ones((40, 40), np.float32))
     luma = np.array([0.299, 0.587, 0.114], np.float32)
-    brow_b, brow_r, brow_k = before[15, 20], relit[15, 20], kept[15, 20]
-    assert np.allclose(brow_k / brow_k.sum(), brow_b / brow_b.sum(), atol=1e-3)
-    assert brow_k @ luma == pytest.approx(brow_r @ luma, rel=0.03)
-    assert not np.allclose(brow_r / brow_r.sum(), brow_b / brow_b.sum(), atol=1e-2)
-    assert np.array_equal(kept[30:, :], relit[30:, :])  # the skin is as relit
+    for gains in (np.array([1.1, 1.4, 1.6], np.float32),   # a paler, cooler target
+                  np.array([1.05, 1.0, 0.95], np.float32)):  # a warmer one
+        relit = before * gains
+        kept = relit.copy()
+        light.keep_dark_hue(kept, before, np.ones((40, 40), np.float32))
+        brow_b, brow_r, brow_k = before[15, 20], relit[15, 20], kept[15, 20]
+        own, got = _chroma(brow_b), _chroma(brow_k)
+        # The brow's own hue: the same direction of its offset from grey ...
+        assert float(own @ got) / (np.linalg.norm(own) * np.linalg.norm(got)) > 0.999
+        # ... at the skin's change of saturation, half-way (never raised).
+        skin_b, skin_r = before[30, 20], relit[30, 20]
+        ratio = float(np.ptp(skin_r) / skin_r.mean()) / float(np.ptp(skin_b) / skin_b.mean())
+        expect = min(1.0, max(light.SATURATION_FLOOR, ratio ** 0.5))
+        assert np.linalg.norm(got) / np.linalg.norm(own) == pytest.approx(expect, rel=0.02)
+        assert brow_k @ luma == pytest.approx(brow_r @ luma, rel=0.03)
+        assert brow_k[2] < brow_k[0]  # never blue-grey
+        assert np.array_equal(kept[30:, :], relit[30:, :])  # the skin is as relit

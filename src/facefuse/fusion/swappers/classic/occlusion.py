@@ -199,6 +199,20 @@ _FEATURE_MIX = np.array([[1, 0, 0, 1], [0, 1, 0, 1], [0.299, 0.587, 0.114, 0], [
 SIDE_BLEND = 0.1
 
 
+#: Mean |R − G| + |G − B| (grey levels) under which an image is a black-and-white
+#: photo (a grey JPEG's chroma noise stays well below it).
+MONOCHROME_CHROMA = 2.0
+
+
+def is_monochrome(rgb: np.ndarray) -> bool:
+    """Whether the (H, W, 3) image is a black-and-white photo (read on every fourth
+    pixel of every fourth row)."""
+    sample = np.asarray(rgb[::4, ::4], np.int16)
+    chroma = (np.abs(sample[..., 0] - sample[..., 1])
+              + np.abs(sample[..., 1] - sample[..., 2]))
+    return bool(chroma.size) and float(chroma.mean()) < MONOCHROME_CHROMA
+
+
 def _side_of(landmarks: np.ndarray, xy: np.ndarray) -> np.ndarray:
     """Signed distance (pixels) of points ``xy`` (..., 2) from the face's midline
     (the line from the forehead's top to the chin): < 0 on the image's left."""

@@ -185,20 +185,6 @@ _CRISP_REACH = 4
 #: σ of the smoothing of a kept occluder's mask upsampled from the working scale,
 #: in working pixels.
 KEEP_SMOOTH = 0.6
-#: Mean |R − G| + |G − B| (grey levels) under which a target region is a
-#: black-and-white photo (a grey JPEG's chroma noise stays well below it).
-MONOCHROME_CHROMA = 2.0
-
-
-def _monochrome(rgb: np.ndarray) -> bool:
-    """Whether the (H, W, 3) uint8 region is a black-and-white photo (read on every
-    fourth pixel of every fourth row)."""
-    sample = np.asarray(rgb[::4, ::4], np.int16)
-    chroma = (np.abs(sample[..., 0] - sample[..., 1])
-              + np.abs(sample[..., 1] - sample[..., 2]))
-    return bool(chroma.size) and float(chroma.mean()) < MONOCHROME_CHROMA
-
-
 def _crisp(kept: np.ndarray) -> np.ndarray:
     """(H, W) float32: the (H, W) bool occluder mask grown by a pixel and feathered
     (σ 0.5), worked out only over the rows of its bounding box and what that reaches
@@ -609,7 +595,7 @@ class ClassicSwapper:
                 # curl over a 400-px face's forehead.)
                 keep = cv2.GaussianBlur(keep, (0, 0), KEEP_SMOOTH / min(frame.ratio))
             keep = _crisp(keep > 0.25)
-        if _monochrome(frame.full):
+        if occ.is_monochrome(frame.full):
             # A black-and-white photo stays so: the source's colour is not brought in.
             face[...] = (face @ detail.LUMA)[..., None]
         return FaceLayer(region, face, mask, dst, keep, work.beyond)
