@@ -287,6 +287,25 @@ def test_a_render_process_that_dies_leaves_the_session_fusing_in_threads(
         loop.close()
 
 
+@pytest.mark.skipif(not forkable_here(), reason="no forked render processes here")
+def test_a_render_given_up_while_the_child_works_does_not_stop_the_next(
+        fuser: Any, sample_paths: dict[str, Any], moving_face: list[Any]) -> None:
+    from facefuse.live.render import ForkedRenderer
+
+    state = clip(fuser, sample_paths)
+    plans = [state.plan(f.to_ndarray(format="rgb24"), i, i / 30.0)
+             for i, f in enumerate(moving_face[:2])]
+    renderer = ForkedRenderer(state, 320 * 240, slots=2)
+    try:
+        given_up = renderer.submit(plans[0])
+        assert given_up.cancel()  # as a closing loop does with its frames in flight
+        layers = renderer.submit(plans[1]).result(TIMEOUT)
+        assert len(layers) == 1 and renderer.alive
+    finally:
+        renderer.close()
+    assert not renderer.alive
+
+
 # --- sources -------------------------------------------------------------------------
 
 

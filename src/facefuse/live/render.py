@@ -39,7 +39,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -204,10 +204,12 @@ class ForkedRenderer:
             with self._lock:
                 fut, slot = self._pending.pop(seq)
                 self._free.append(slot)
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
+            # A frame dropped at close was cancelled meanwhile: its layers go.
+            with contextlib.suppress(InvalidStateError):
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
         self._fail(RenderProcessError("the render process is gone"))
 
     def _fail(self, exc: BaseException) -> None:
@@ -215,7 +217,7 @@ class ForkedRenderer:
             self._dead = True
             pending, self._pending = list(self._pending.values()), {}
         for fut, _ in pending:
-            if not fut.done():
+            with contextlib.suppress(InvalidStateError):
                 fut.set_exception(exc)
 
     def close(self, wait: float = CLOSE_WAIT_S) -> None:
@@ -227,8 +229,12 @@ class ForkedRenderer:
         self._closed = True
         with contextlib.suppress(OSError, ValueError):
             self._conn.send(("stop",))
-        self._proc.join(wait)
-        if self._proc.is_alive():
+        # Polled: the child closed its end of the pipe that Process.join(timeout)
+        # waits on, with every other descriptor it inherited.
+        deadline = time.monotonic() + wait
+        while self._proc.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if self._proc.exitcode is None:
             self._proc.kill()
             self._proc.join()
         self._reader.join(wait)  # the child's end is closed: it reads the end
