@@ -166,3 +166,30 @@ def test_lipstick_stays_on_the_source_photo(fuser: FaceFuser,
 
     plain, red = lip_colour(src.image), lip_colour(painted)
     assert np.abs(red - plain).max() < 20.0, (plain, red)
+
+
+def test_a_targets_fringe_is_kept_whole(fuser: FaceFuser, samples: dict[str, Sample]) -> None:
+    """Where hair crosses a target's forehead, the forehead's upper part stays the
+    target's, the lock that is found, the thin strands that are not and the skin
+    between them: blended over, the missed strands turned see-through and the found
+    lock was cut out with an edge."""
+    src, tgt = samples["obama"], samples["biden"]
+    lm = tgt.landmarks
+    d = eye_distance(lm)
+    worn = tgt.image.copy()
+    top = lm[topo.FOREHEAD, :2]
+    brow_y = float(lm[list(topo.BROW_IMAGE_LEFT + topo.BROW_IMAGE_RIGHT), 1].min())
+    # A lock the occluder rule finds, and two thin strands it does not.
+    for k, width in ((-0.3, 0.2), (0.1, 0.02), (0.35, 0.02)):
+        a = (int(top[0] + k * d), int(top[1]))
+        b = (int(top[0] + (k + 0.15) * d), int(brow_y - 0.05 * d))
+        cv2.line(worn, a, b, (45, 35, 30), max(2, round(width * d)), cv2.LINE_AA)
+    out = fuse_sample(fuser, src, Sample(worn, tgt.faces), FuseOptions())
+    h, w = worn.shape[:2]
+    # The forehead's upper part: its top third, which a bare forehead's blend reaches.
+    yy = np.arange(h)[:, None] * np.ones((1, w))
+    face = face_outline_mask(lm, worn.shape)
+    upper = face & (yy < brow_y - 0.67 * (brow_y - top[1]))
+    same = np.abs(out.astype(np.int16) - worn).max(-1) <= 2
+    # (0.48 with three quarters of the forehead blended; the feather still reaches.)
+    assert same[upper].mean() > 0.7, same[upper].mean()

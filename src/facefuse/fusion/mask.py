@@ -153,16 +153,18 @@ def _feature_mask(landmarks: np.ndarray, contours: tuple[tuple[int, ...], ...], 
     return out
 
 
-def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = None) -> np.ndarray:
+def oval_mask(landmarks: np.ndarray, region: Region, feather: float | None = None,
+              keep_forehead: float = FOREHEAD_KEEP) -> np.ndarray:
     """Soft face-oval mask (H, W) float32 over ``region``: 1 inside, 0 outside,
-    a ramp of about ``feather`` pixels just inside the oval.
+    a ramp of about ``feather`` pixels just inside the oval; ``keep_forehead`` of
+    the forehead's height above the brows is inside (:func:`blend_outline`).
 
     Drawn on a canvas extended past the region, so a face cut by the image border
     keeps full weight up to the border (the border is not a seam).
     """
     f = feather if feather is not None else feather_px(landmarks)
     pad = int(np.ceil(2 * f)) + 2
-    canvas = _draw_points(blend_outline(landmarks), region, pad)
+    canvas = _draw_points(blend_outline(landmarks, keep_forehead), region, pad)
     return _soften(canvas, OVAL_INSET * f, max(0.8, f / 2.5), pad)
 
 
