@@ -61,6 +61,19 @@ CAMERA, SOURCE = "obama", "biden"
 SIZES = {480: (640, 480), 720: (1280, 720)}
 CAMERA_FPS = 30.0
 SECTION = "Live over WebRTC (`bench/live.py`)"
+#: What the figures say beyond the goals (written from the profile; see docs/live.md).
+FINDINGS = (
+    "A live frame is bound here by the CPU share the server gets on this shared host, "
+    "not by the interpreter lock (docs/live.md, \"Where a frame's time goes\"): the lock "
+    "was held about a third of the time, and the render took the same CPU (about 0.54 of "
+    "a core at 640x480) in a thread of the server or in its own process. Rendering in a "
+    "forked process per session measured no better than threads in runs in turn (its "
+    "medians a little lower, within the spread), so it stays off by default "
+    "(`FACEFUSE_LIVE_RENDER_PROCESSES`); planning the next frame while the child renders "
+    "(`--render-threads 2`) raised the fps a little and the latency a lot (p50 125-165 "
+    "ms in two runs under load). The goals are not met on this machine: what is left "
+    "is less CPU per frame (the render's occluder search and full-resolution layer, the "
+    "tracking's ONNX call) or more of a core per session.")
 
 
 def camera_frames(analyser: FaceAnalyser, photo: np.ndarray, height: int) -> list[np.ndarray]:
@@ -207,67 +220,98 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "long": long_run}
 
 
+def _mode(run_: dict[str, Any]) -> str:
+    """How a run rendered: ``process`` (a forked child per session) or ``threads``."""
+    mode = "process" if run_.get("render_processes") else "threads"
+    return mode if run_["render_threads"] == 1 else f"{mode}, {run_['render_threads']} in flight"
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    return round(float(np.median([r[key] for r in rows])), 1)
+
+
 def section(data: dict[str, Any]) -> list[str]:
+    runs = [data, *data.get("more", [])]
+    window = max(r["seconds"] for run_ in runs for r in run_["rows"])
     lines = [
         f"## {SECTION}",
         "",
         f"{machine_line(data['machine'])} The server and its aiortc client on the same "
         "2 cores (the client's VP8 encode and decode take from the server's CPU), and the "
-        "machine **shared with other engineers' work** while measured (column *run*: the "
+        "machine **shared with other engineers' work** while measured (column *load*: the "
         "1-minute load average when the run ended; 2.0 is both cores busy): figures are "
-        "noisy, quoted as measured. Camera at 30 fps, a moving face ~200 px at 720p "
-        "(scaled with the frame). 30 s windows after a 5 s warm-up.",
+        "noisy, quoted as measured; the two ways of rendering were run in turn, in the "
+        "same sitting. Camera at 30 fps, a moving face ~200 px at 720p (scaled with the "
+        f"frame). {window:.0f} s windows after a 5 s warm-up. *Server cores* include its "
+        "render process.",
         "",
-        "| run | size | fps received | dropped | added latency p50 / p95 | fusion p50 / p95 | "
-        "server cores | client cores | offline fps (same pipeline, 1 thread) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Medians over the runs:",
+        "",
+        "| render | size | runs | fps received | dropped | added latency p50 / p95 | "
+        "fusion p50 / p95 | server cores |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    runs = [data, *data.get("more", [])]
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for run_ in runs:
-        label = (f"render threads {run_['render_threads']}, load "
-                 f"{run_['load_before'][0]:.1f}")
+        for r in run_["rows"]:
+            groups.setdefault((_mode(run_), r["height"]), []).append(r)
+    for (mode, height), rows in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        lines.append(
+            f"| {mode} | {rows[0]['width']}x{height} | {len(rows)} | "
+            f"{_median(rows, 'fps_received')} ({min(r['fps_received'] for r in rows)}-"
+            f"{max(r['fps_received'] for r in rows)}) | "
+            f"{100 * _median(rows, 'dropped_share'):.0f} % | "
+            f"{_median(rows, 'latency_p50_ms')} / {_median(rows, 'latency_p95_ms')} ms | "
+            f"{_median(rows, 'fusion_p50_ms')} / {_median(rows, 'fusion_p95_ms')} ms | "
+            f"{_median(rows, 'server_cores')} |")
+    lines += [
+        "",
+        "Every run:",
+        "",
+        "| render | load | size | fps received | dropped | added latency p50 / p95 | "
+        "fusion p50 / p95 | server cores | client cores | offline fps (same pipeline, "
+        "1 thread) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run_ in runs:
         for r in run_["rows"]:
             lines.append(
-                f"| {label} | {r['width']}x{r['height']} | {r['fps_received']} | "
-                f"{100 * r['dropped_share']:.0f} % | {r['latency_p50_ms']} / "
-                f"{r['latency_p95_ms']} ms | {r['fusion_p50_ms']} / {r['fusion_p95_ms']} ms | "
-                f"{r['server_cores']} | {r['client_cores']} | {r['offline_fps']} |")
+                f"| {_mode(run_)} | {run_['load_before'][0]:.1f} | {r['width']}x{r['height']} "
+                f"| {r['fps_received']} | {100 * r['dropped_share']:.0f} % | "
+                f"{r['latency_p50_ms']} / {r['latency_p95_ms']} ms | {r['fusion_p50_ms']} / "
+                f"{r['fusion_p95_ms']} ms | {r['server_cores']} | {r['client_cores']} | "
+                f"{r['offline_fps']} |")
     long_run = data.get("long")
     if long_run:
         rss = long_run["rss_mb"]
-        lines += ["", f"Long session, 640x480, {long_run['seconds']:.0f} s: "
+        lines += ["", f"Long session, 640x480, {_mode(data)}, {long_run['seconds']:.0f} s: "
                   f"{long_run['fps_received']} fps received, latency p50/p95 "
                   f"{long_run['latency_p50_ms']}/{long_run['latency_p95_ms']} ms, server "
-                  f"{long_run['server_cores']} cores; RSS {rss[0][1]:.0f} MB at the start of "
-                  f"the window, {rss[-1][1]:.0f} MB at its end: "
-                  f"{long_run['rss_growth_mb']:+.1f} MB after the first minute "
-                  f"({long_run['rss_growth_from_start_mb']:+.1f} MB over the whole window)."]
-    one = [r for run_ in runs if run_["render_threads"] == 1 for r in run_["rows"]]
-    best = {h: max((r for r in one if r["height"] == h), key=lambda r: r["fps_received"],
-                   default=None) for h in (480, 720)}
+                  f"{long_run['server_cores']} cores; memory (the server's RSS and its render "
+                  f"process's private pages) {rss[0][1]:.0f} MB at the start of the window, "
+                  f"{rss[-1][1]:.0f} MB at its end: {long_run['rss_growth_mb']:+.1f} MB after "
+                  f"the first minute ({long_run['rss_growth_from_start_mb']:+.1f} MB over the "
+                  "whole window)."]
     verdict = []
-    if best[480]:
-        verdict.append(f"640x480 {best[480]['fps_received']} fps (goal ≥ 20: "
-                       f"{'met' if best[480]['fps_received'] >= 20 else 'not met'}), p95 "
-                       f"{best[480]['latency_p95_ms']} ms (goal ≤ 80: "
-                       f"{'met' if best[480]['latency_p95_ms'] <= 80 else 'not met'})")
-    if best[720]:
-        verdict.append(f"1280x720 {best[720]['fps_received']} fps (goal ≥ 12: "
-                       f"{'met' if best[720]['fps_received'] >= 12 else 'not met'})")
+    for (mode, height), rows in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        goal = 20.0 if height == 480 else 12.0
+        fps = _median(rows, "fps_received")
+        text = (f"{mode}, {rows[0]['width']}x{height} {fps} fps (goal ≥ {goal:.0f}: "
+                f"{'met' if fps >= goal else 'not met'})")
+        if height == 480:
+            p95 = _median(rows, "latency_p95_ms")
+            text += f", p95 {p95} ms (goal ≤ 80: {'met' if p95 <= 80 else 'not met'})"
+        verdict.append(text)
     if long_run:
-        verdict.append(f"RSS growth {long_run['rss_growth_mb']:+.1f} MB over the long session "
-                       f"(goal ≤ 20 MB: {'met' if long_run['rss_growth_mb'] <= 20 else 'not met'})")
-    lines += ["", "Against the goals, best run with one render thread: " + "; ".join(verdict)
-              + ". The server never used a whole core, with one render thread or two, while "
-              "it dropped 40-80 % of the camera's frames, which points to the frame loop "
-              "being bound by one thread at a time in the process (the GIL, shared with "
-              "aiortc's threads) more than by the cores; a second render thread only "
-              "doubled the latency. Its "
-              "fusion time runs 1.3-2x the offline figure of the same pipeline. Rendering "
-              "in forked processes, as the clip engine does, is the next step.",
-              "", "`.venv/bin/python bench/live.py --sizes 480,720 --seconds 30 "
-              "[--render-threads 2] [--long-seconds 600] --benchmarks` (runs written to "
-              "bench/results/live.json; `--section-from` merges saved runs)."]
+        verdict.append(f"memory growth {long_run['rss_growth_mb']:+.1f} MB over the long "
+                       "session (goal ≤ 20 MB: "
+                       f"{'met' if long_run['rss_growth_mb'] <= 20 else 'not met'})")
+    lines += ["", "Against the goals, medians: " + "; ".join(verdict)
+              + ". " + FINDINGS,
+              "", "`.venv/bin/python bench/live.py --sizes 480,720 --seconds 20 "
+              "[--render-processes 1] [--render-threads 2] [--long-seconds 600] --benchmarks` "
+              "(runs written to bench/results/live.json; `--section-from` merges saved runs, "
+              "the first one's long session)."]
     return lines
 
 
@@ -277,8 +321,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="measured window per size")
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--render-threads", type=int, default=1)
-    ap.add_argument("--render-processes", type=int, choices=(0, 1), default=1,
-                    help="1: render in a forked process per session (the default)")
+    ap.add_argument("--render-processes", type=int, choices=(0, 1), default=0,
+                    help="1: render in a forked process per session (the server's "
+                    "FACEFUSE_LIVE_RENDER_PROCESSES; off by default)")
     ap.add_argument("--long-seconds", type=float, default=0.0)
     ap.add_argument("--benchmarks", action="store_true", help="write BENCHMARKS.md's section")
     ap.add_argument("--out", help="write live.json here instead of bench/results/")

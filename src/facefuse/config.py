@@ -262,8 +262,9 @@ class Settings:
     #: tracking and render of the next; more throughput on idle cores, more latency).
     live_render_threads: int = 1
     #: Render a session's frames in a child process forked for it (where the swapper
-    #: is fork-safe, on Linux), out of the way of the server's interpreter lock.
-    live_render_processes: bool = True
+    #: is fork-safe, on Linux), out of the way of the server's interpreter lock. Off:
+    #: on the 2-core benchmark host it measured no better than threads (BENCHMARKS.md).
+    live_render_processes: bool = False
     #: The server side's STUN / TURN servers (``turn:turn.example.org:3478``, comma
     #: separated); also sent to clients as ``Link: <...>; rel="ice-server"`` headers.
     live_ice_servers: tuple[str, ...] = ()

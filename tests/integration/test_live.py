@@ -48,7 +48,7 @@ def server(settings: Settings, model_dir: Path,
         "FACEFUSE_API_KEYS": f"tests:{USER_TOKEN},other:{OTHER_TOKEN}",
         "FACEFUSE_TEMPLATES_DIR": str(tmp_path_factory.mktemp("templates")),
         "FACEFUSE_LIVE_MAX_SESSIONS": "2", "FACEFUSE_LIVE_IDLE_S": str(IDLE_S),
-        "FACEFUSE_LIVE_MAX_VIEWERS": "1",
+        "FACEFUSE_LIVE_MAX_VIEWERS": "1", "FACEFUSE_LIVE_RENDER_PROCESSES": "true",
     }, name="live")
     with graceful(proc):
         yield proc

@@ -12,14 +12,14 @@ clip engine), then finishes (tone smoothing, blend) and hands out the frames in
 order. So a slow frame delays only itself, and the frame fused next is always the
 newest there is: latency stays about one frame's work, whatever the camera's rate.
 
-Where the clip's swapper can (:func:`~facefuse.live.render.forkable`), the renders
-run in a child process forked by that thread instead of the pool
-(:class:`~facefuse.live.render.ForkedRenderer`, frames through shared memory): they
-no longer take turns at the interpreter lock with the tracking, aiortc's codec
-threads and the event loop. The child ends with the thread; one that dies leaves
-the session rendering in its threads. With ``workers`` 2 the next frame is planned
-while the child renders the one before, taken late enough that its plan ends about
-when that render does.
+With ``processes``, where the clip's swapper can
+(:func:`~facefuse.live.render.forkable`), the renders run in a child process forked
+by that thread instead of the pool (:class:`~facefuse.live.render.ForkedRenderer`,
+frames through shared memory): they no longer take turns at the interpreter lock
+with the tracking, aiortc's codec threads and the event loop. The child ends with
+the thread; one that dies leaves the session rendering in its threads. With
+``workers`` 2 the next frame is planned while the child renders the one before,
+taken late enough that its plan ends about when that render does.
 
 Changes asked for while frames flow (a degree, a new source) are queued as
 callables and applied by that thread between two plans, in order (a render
@@ -176,7 +176,7 @@ class FrameLoop:
     forked child process where the clip can (else, or if it fails, in threads)."""
 
     def __init__(self, state: ClipFusion, emit: Emit, *, observer: LiveObserver | None = None,
-                 max_side: int = 1920, workers: int = 2, processes: bool = True,
+                 max_side: int = 1920, workers: int = 2, processes: bool = False,
                  name: str = "live") -> None:
         self.state = state
         self._workers = workers

@@ -111,7 +111,7 @@ class LiveSession:
 
     def __init__(self, owner: str, state: ClipFusion, *, observer: LiveObserver | None,
                  config: RTCConfiguration, max_side: int, max_viewers: int,
-                 render_threads: int = 1, render_processes: bool = True,
+                 render_threads: int = 1, render_processes: bool = False,
                  updater: Updater | None = None, describe: dict[str, Any] | None = None
                  ) -> None:
         self.id = secrets.token_urlsafe(12)

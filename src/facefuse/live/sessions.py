@@ -74,7 +74,7 @@ class LiveSessions:
 
     def __init__(self, *, max_sessions: int, idle_s: float, reap_every_s: float = 1.0,
                  max_viewers: int = 4, max_side: int = 1280, render_threads: int = 1,
-                 render_processes: bool = True, ice_urls: tuple[str, ...] = (),
+                 render_processes: bool = False, ice_urls: tuple[str, ...] = (),
                  ice_username: str = "", ice_credential: str = "",
                  observer: SessionsObserver | None = None) -> None:
         self.max_sessions = max_sessions
