@@ -32,6 +32,8 @@ Methods
   monochrome Gaussian grain of ``sqrt(σ_ref² − σ_out²)`` is added (seeded, so
   the output is deterministic). A source softer than its reference is never
   sharpened — only grain is matched.
+* :func:`is_monochrome` — whether an image is a black-and-white photo (its
+  channels equal but for a JPEG's chroma noise): a fusion into it stays grey.
 """
 
 from __future__ import annotations
@@ -405,3 +407,17 @@ def match_sharpness(
         noise = rng.standard_normal(src.shape[:2], dtype=np.float32) * np.float32(grain)
         out = out + each_channel(noise, out.shape[2])
     return _finish(out, src)
+
+
+#: Mean |R − G| + |G − B| (grey levels) under which an image is a black-and-white
+#: photo (a grey JPEG's chroma noise stays well below it).
+MONOCHROME_CHROMA = 2.0
+
+
+def is_monochrome(rgb: np.ndarray) -> bool:
+    """Whether the (H, W, 3) image is a black-and-white photo (read on every fourth
+    pixel of every fourth row)."""
+    sample = np.asarray(rgb[::4, ::4], np.int16)
+    chroma = (np.abs(sample[..., 0] - sample[..., 1])
+              + np.abs(sample[..., 1] - sample[..., 2]))
+    return bool(chroma.size) and float(chroma.mean()) < MONOCHROME_CHROMA

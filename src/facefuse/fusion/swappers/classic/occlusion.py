@@ -199,20 +199,6 @@ _FEATURE_MIX = np.array([[1, 0, 0, 1], [0, 1, 0, 1], [0.299, 0.587, 0.114, 0], [
 SIDE_BLEND = 0.1
 
 
-#: Mean |R − G| + |G − B| (grey levels) under which an image is a black-and-white
-#: photo (a grey JPEG's chroma noise stays well below it).
-MONOCHROME_CHROMA = 2.0
-
-
-def is_monochrome(rgb: np.ndarray) -> bool:
-    """Whether the (H, W, 3) image is a black-and-white photo (read on every fourth
-    pixel of every fourth row)."""
-    sample = np.asarray(rgb[::4, ::4], np.int16)
-    chroma = (np.abs(sample[..., 0] - sample[..., 1])
-              + np.abs(sample[..., 1] - sample[..., 2]))
-    return bool(chroma.size) and float(chroma.mean()) < MONOCHROME_CHROMA
-
-
 def _side_of(landmarks: np.ndarray, xy: np.ndarray) -> np.ndarray:
     """Signed distance (pixels) of points ``xy`` (..., 2) from the face's midline
     (the line from the forehead's top to the chin): < 0 on the image's left."""
@@ -223,20 +209,22 @@ def _side_of(landmarks: np.ndarray, xy: np.ndarray) -> np.ndarray:
     return out
 
 
-def skin_map(image: np.ndarray, landmarks: np.ndarray, model: SkinModel | None = None
-             ) -> np.ndarray | None:
+def skin_blur(landmarks: np.ndarray) -> float:
+    """σ (pixels) of the blur before a pixel's skin probability is read: a hundredth
+    of the eye distance, so texture and noise do not count."""
+    return max(0.5, 0.01 * eye_distance(landmarks))
+
+
+def skin_map(image: np.ndarray, landmarks: np.ndarray, model: SkinModel) -> np.ndarray:
     """(H, W) float32: the probability that each pixel is the face's skin
-    (:func:`skin_probability`, blurred by a hundredth of the eye distance), by the
-    whole face's model (``model``, fitted here when None) or by the skin model of
-    its own side of the face (:func:`fit_skin_model` with ``side`` ±1; the two hand
-    over across :data:`SIDE_BLEND` eye distances at the midline), the larger: a
-    face lit from one side has two skins, and its shaded, redder or freckled side
-    is skin by its own side's model. None when no model can be fitted."""
-    model = model or fit_skin_model(image, landmarks)
-    if model is None:
-        return None
+    (:func:`skin_probability`, blurred by :func:`skin_blur`), by the whole face's
+    ``model`` or by the skin model of its own side of the face
+    (:func:`fit_skin_model` with ``side`` ±1; the two hand over across
+    :data:`SIDE_BLEND` eye distances at the midline), the larger: a face lit from
+    one side has two skins, and its shaded, redder or freckled side is skin by its
+    own side's model."""
     d = eye_distance(landmarks)
-    sigma = max(0.5, 0.01 * d)
+    sigma = skin_blur(landmarks)
     prob = skin_probability(image, model, sigma)
     h, w = image.shape[:2]
     # (The signed distance is linear in x and y: summed from a row and a column.)
@@ -437,9 +425,7 @@ def occluders_on_crop(image: np.ndarray, landmarks: np.ndarray,
     feats = feature_masks(landmarks, (h, w))
     any_feat = np.maximum.reduce(feats)
     # (Each side by its own skin too: shading is not an occluder.)
-    prob = skin_map(image, landmarks, model)
-    assert prob is not None
-    occ = (1.0 - prob) * (face / 255.0)
+    occ = (1.0 - skin_map(image, landmarks, model)) * (face / 255.0)
     feat = any_feat > 127
     occ[feat] = 0.0
     binary: np.ndarray = cv2.morphologyEx((occ > 0.5).astype(np.uint8), cv2.MORPH_OPEN,

@@ -51,7 +51,7 @@ from facefuse.fusion.swappers.classic.source_prep import (
 )
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.channels import copy_where, each_channel
-from facefuse.imaging.color import match_sharpness
+from facefuse.imaging.color import is_monochrome, match_sharpness
 from facefuse.imaging.pixels import OpenCVPixels, PixelBackend
 from facefuse.imaging.warp import delaunay, piecewise_affine_maps
 
@@ -341,7 +341,7 @@ def _cleaned(small: np.ndarray, local: np.ndarray, occluders: np.ndarray,
     # probability maps a source for a weight the fill's wide Gaussians smooth anyway.)
     model = occ.fit_skin_model(small, local)
     readable = outline if model is None else outline * occ.skin_probability(
-        small, model, max(0.5, 0.01 * d))
+        small, model, occ.skin_blur(local))
     return skin_fill.fill_from_skin(small, skin_fill.covered(occluders, d), readable, d)
 
 
@@ -619,7 +619,7 @@ class ClassicSwapper:
                 # curl over a 400-px face's forehead.)
                 keep = cv2.GaussianBlur(keep, (0, 0), KEEP_SMOOTH / min(frame.ratio))
             keep = _crisp(keep > 0.25)
-        if occ.is_monochrome(frame.full):
+        if is_monochrome(frame.full):
             # A black-and-white photo stays so: the source's colour is not brought in.
             face[...] = (face @ detail.LUMA)[..., None]
         return FaceLayer(region, face, mask, dst, keep, work.beyond)
@@ -684,15 +684,15 @@ class ClassicSwapper:
             source_layer *= self._gain_field(gains, mesh_dst, dst, (w, h))
         samples = [(mx_s, my_s)]
         reject = None
+        # Where the source was covered (and is filled): no source detail there.
+        uncovered = self._uncovered(src_occ, mx_s, my_s, feather)
         if src_occ is not None or options.symmetric_fill:
             # Nothing from beyond the source's face outline (its background, hair
             # or collar where the mesh's edge overshoots): crisp, not grown. (Also
             # where the fill is on but not needed: a frontal source onto a turned
             # target reads past its outline there.)
             crisp = prep.get("crisp", lambda: sym.outline_field(outline))
-            inside = sym.sample_field(crisp, mx_s, my_s)
-            uncovered = self._uncovered(src_occ, mx_s, my_s, feather)
-            keep = inside
+            keep = inside = sym.sample_field(crisp, mx_s, my_s)
             if fill is not None:
                 # Hidden or foreshortened parts from the source's other half, in
                 # the source's lighting of the side they are drawn on.
@@ -702,7 +702,7 @@ class ClassicSwapper:
                     outline, sym.RAMP * eye_distance(src_lm)))
                 mirror_ok = vis_m * sym.sample_field(crisp, mx_m, my_m)
                 d, m = sym.combine(vis_d * inside, vis_d * sym.sample_field(soft, mx_s, my_s),
-                                   None, mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
+                                   mirror_ok, vis_m * sym.sample_field(soft, mx_m, my_m))
                 mirror_layer = self.pixels.remap(src_img, mx_m, my_m)
                 mirror_raw = mirror_layer.copy()
                 tone = tri_memo.get(("side_tone", on_tris), lambda: sym.side_tone(
@@ -724,7 +724,7 @@ class ClassicSwapper:
         source_layer = self.pixels.lighting(source_layer, target_layer, skin, sigma,
                                             LIGHTING_MAX_GAIN)
         light.keep_dark_hue(source_layer, raw, skin)
-        # Lipstick and eye make-up are the photo's: the lips' and lids' own colour.
+        # Lipstick is the photo's: the lips take the target's own colour.
         makeup.take_photo_colours(source_layer, target_layer, dst, feather)
         source_layer = match_sharpness(source_layer, target_layer, skin)
         alpha = np.full(mask.shape, w_tex, np.float32)
@@ -770,7 +770,7 @@ class ClassicSwapper:
                 outline, mask > 0)
         direct = alpha if fill is None else alpha * np.where(keep > 0, d / np.maximum(keep, 1e-6),
                                                                0.0).astype(np.float32)
-        if src_occ is not None and uncovered is not None:
+        if uncovered is not None:
             # Over the fill the source has no detail of its own: the photo's stays.
             direct = direct * uncovered
         return _Work(source_layer, mask, tgt_occ, beyond, target_layer, (mx_t, my_t),

@@ -200,27 +200,24 @@ def sample_field(field: np.ndarray, map_x: np.ndarray, map_y: np.ndarray) -> np.
     return out
 
 
-def combine(shown: np.ndarray, shown_soft: np.ndarray, uncovered: np.ndarray | None,
-            mirror: np.ndarray, mirror_soft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def combine(shown: np.ndarray, shown_soft: np.ndarray, mirror: np.ndarray,
+            mirror_soft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-pixel weights (h, w) of the direct and mirrored samples.
 
     ``shown``/``shown_soft``: the direct score gated by the source's outline,
     crisply and with a ramp inside it (:func:`outline_field`); ``mirror`` /
-    ``mirror_soft``: the mirrored score gated the same ways (and ``mirror`` by
-    the occluders); ``uncovered``: 1 off the source's occluders (None: no
-    occluder mask). Where the mirrored sample lies deeper inside the source's
-    face than the direct one, the direct sample fades out along its ramp and the
-    mirror takes over, so the two cross-fade instead of meeting at the outline
-    (and a frontal pair, whose two sides are alike, keeps its direct samples);
-    where the direct sample is shown but covered (hair, a hand) the target's own
-    pixels stay, since the other half of a covered face is often covered too.
-    ``1 − sum`` goes to the target's own pixels.
+    ``mirror_soft``: the mirrored score gated the same ways. Where the mirrored
+    sample lies deeper inside the source's face than the direct one, the direct
+    sample fades out along its ramp and the mirror takes over, so the two
+    cross-fade instead of meeting at the outline (and a frontal pair, whose two
+    sides are alike, keeps its direct samples). What covers the source is filled
+    from its own skin before either is sampled (``skin_fill``), so neither is gated
+    by it. ``1 − sum`` goes to the target's own pixels.
     """
     deeper = np.clip(mirror_soft - shown_soft, 0.0, 1.0)
     direct = np.clip(shown + deeper * (shown_soft - shown), 0.0, 1.0)
     m = (1.0 - direct) * np.clip(mirror, 0.0, 1.0)
-    d = direct if uncovered is None else direct * uncovered
-    return d.astype(np.float32), m.astype(np.float32)
+    return direct.astype(np.float32), m.astype(np.float32)
 
 
 #: Blur of the source before its vertex colours are read, in eye distances.
