@@ -8,7 +8,6 @@ Stop ends the session on the server."""
 from __future__ import annotations
 
 import base64
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,13 @@ import httpx
 import numpy as np
 import pytest
 from server_harness import USER_TOKEN, ServerProcess, graceful
-from test_playground import wait_for
+from test_playground import CHROMEDRIVER, CHROMIUM, headless_chromium, wait_for
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.clips import Scene, motion_frames
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
     reason="chromium / chromium-driver missing: run scripts/install-system-deps.sh")
@@ -72,26 +69,14 @@ def server(settings: Settings, model_dir: Path,
 
 @pytest.fixture
 def browser(tmp_path: Path, camera_clip: tuple[Path, np.ndarray]) -> Iterator[Any]:
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM or "chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,1400",
-                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
-                 f"--use-file-for-fake-video-capture={camera_clip[0]}",
-                 # host candidates as addresses, not mDNS names aiortc would resolve
-                 "--disable-features=WebRtcHideLocalIpsWithMdns",
-                 "--autoplay-policy=no-user-gesture-required",
-                 f"--user-data-dir={tmp_path / 'chrome-profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER or "chromedriver"), options=options)
-    try:
+    with headless_chromium(
+            tmp_path / "chrome-profile", "--window-size=1280,1400",
+            "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
+            f"--use-file-for-fake-video-capture={camera_clip[0]}",
+            # host candidates as addresses, not mDNS names aiortc would resolve
+            "--disable-features=WebRtcHideLocalIpsWithMdns",
+            "--autoplay-policy=no-user-gesture-required") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 CAPTURE = """

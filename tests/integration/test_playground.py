@@ -14,6 +14,7 @@ written to docs/playground.jpg.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import time
@@ -49,24 +50,33 @@ def server(settings: Settings, model_dir: Path,
         yield proc
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
+@contextlib.contextmanager
+def headless_chromium(profile: Path, *flags: str) -> Iterator[Any]:
+    """A headless Chromium under Selenium with a fresh profile in ``profile`` and
+    ``flags`` beside the ones every test here needs; quit on the way out, even on
+    failure."""
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM or "chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,1100",
-                 f"--user-data-dir={tmp_path / 'chrome-profile'}"):
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-dev-shm-usage", *flags,
+                 f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER or "chromedriver"), options=options)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    with headless_chromium(tmp_path / "chrome-profile", "--disable-quic",
+                           "--window-size=1280,1100") as driver:
+        yield driver
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 120.0, what: str = "") -> Any:
