@@ -19,7 +19,7 @@ from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.classic import regions
 from facefuse.fusion.swappers.classic.swapper import CLIP_WORK_EYE_PX, WORK_EYE_PX, ClassicSwapper
 from facefuse.fusion.types import FuseOptions
-from facefuse.toolchain.measures import occluder_survival
+from facefuse.toolchain.measures import hair_kept
 from facefuse.toolchain.synthetic import paste_facial_hair, paste_glasses
 from facefuse.toolchain.trials import Sample
 from facefuse.video.engine import ClipFusion, VideoOptions
@@ -81,14 +81,17 @@ def test_carried_regions_move_with_the_face(
     first = moving[0][2]
     carried = swapper.carry(first.image, first.faces[0], options)
     assert carried.mask is not None and carried.mask.any()
+    assert carried.hair is not None and carried.hair.any()
     for i, (_, footprint, s) in enumerate(moving[1:], 1):
         again = swapper.carry(s.image, s.faces[0], options)
-        assert again.mask is not None
+        assert again.mask is not None and again.hair is not None
         x0, y0, x1, y1 = again.box
         size = (again.mask.shape[1], again.mask.shape[0])
         onto = carried.mask_onto(s.landmarks, (x0, y0), again.ratio, size)
-        assert onto is not None
-        moved, found = onto > 0.5, again.mask > 0.5
+        hair = carried.hair_onto(s.landmarks, (x0, y0), again.ratio, size)
+        assert onto is not None and hair is not None
+        # (The glasses are kept on top, the beard laid over: both move with the face.)
+        moved, found = np.maximum(onto, hair) > 0.5, np.maximum(again.mask, again.hair) > 0.5
         truth = cv2.resize(footprint[y0:y1, x0:x1].astype(np.float32), size,
                            interpolation=cv2.INTER_AREA) > 0.3
         near = cv2.dilate(truth.astype(np.uint8), np.ones((5, 5), np.uint8)) > 0
@@ -162,12 +165,14 @@ def test_a_clip_keeps_the_targets_glasses_and_beard_on_carried_frames(
         for i, (frame, fp, s) in enumerate(moving):
             out, stats = state.process(frame, i, i / 25.0)
             assert stats.fused == [0]
-            kept[every].append(occluder_survival(out, frame, fp, s.landmarks))
+            # (The beard is laid over the fused skin, the glasses kept: both strand
+            # for strand, hair_kept; the frame's pixels alone, occluder_survival.)
+            kept[every].append(hair_kept(out, frame, fp, s.landmarks))
     # Found on frames 0 and 4 only (the face's moves are rigid: it fits between).
     assert len(found) == 2, found
     assert min(kept[4]) >= min(kept[1]) - 0.03, kept
     assert np.median(kept[4]) >= np.median(kept[1]) - 0.02, kept
-    assert min(kept[4]) >= 0.8, kept
+    assert min(kept[4]) >= 0.75, kept  # (found on every frame: 0.81 at worst)
 
 
 def test_worn_regions_are_the_occluder_masks_regions(

@@ -65,8 +65,8 @@ class Carried:
     """A target face's slowly changing findings on one frame.
 
     Attributes:
-        mask: (h, w) float32 in [0, 1], the regions that move with the face
-            (glasses, facial hair) over ``box`` at ``scale``, or None (none asked).
+        mask: (h, w) float32 in [0, 1], the regions kept on top that move with the
+            face (glasses) over ``box`` at ``scale``, or None (none asked).
         box: (x0, y0, x1, y1) image pixels the mask covers.
         ratio: (x, y) mask pixels per image pixel (pixel centres aligned, as the
             working renders resize).
@@ -79,6 +79,8 @@ class Carried:
             frame looks again.
         triangles: (T, 3) a triangulation of the fused mesh on the frame found
             (see :meth:`triangles_for`), or None.
+        hair: (h, w) float32 in [0, 1], the face's facial hair (laid over the fused
+            face) on the same grid as ``mask``, or None (none asked or found).
     """
 
     mask: np.ndarray | None
@@ -88,6 +90,7 @@ class Carried:
     iris: IrisReading | None
     cut: bool = False
     triangles: np.ndarray | None = None
+    hair: np.ndarray | None = None
 
     def triangles_for(self, points: np.ndarray,
                       triangulate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -126,7 +129,18 @@ class Carried:
         """The carried mask moved with the face to ``landmarks`` (image pixels), in a
         working frame: the image crop at ``origin`` (x, y) resized by ``ratio`` (x,
         y) to ``size`` (w, h); (h, w) float32, or None without a mask."""
-        if self.mask is None:
+        return self._onto(self.mask, landmarks, origin, ratio, size)
+
+    def hair_onto(self, landmarks: np.ndarray, origin: tuple[float, float],
+                  ratio: tuple[float, float], size: tuple[int, int]) -> np.ndarray | None:
+        """The carried facial hair moved with the face, as :meth:`mask_onto` moves
+        the mask; None without it."""
+        return self._onto(self.hair, landmarks, origin, ratio, size)
+
+    def _onto(self, mask: np.ndarray | None, landmarks: np.ndarray,
+              origin: tuple[float, float], ratio: tuple[float, float],
+              size: tuple[int, int]) -> np.ndarray | None:
+        if mask is None:
             return None
         # mask pixel → image pixel (found) → image pixel (now) → working pixel, each
         # with pixel centres aligned: x_small = (x + 0.5)·s − 0.5.
@@ -136,7 +150,7 @@ class Carried:
         ox, oy = origin
         into = _pixel_scale(ratio[0], ratio[1], -ox * ratio[0], -oy * ratio[1])
         m = (into @ move @ back)[:2]
-        out: np.ndarray = cv2.warpAffine(self.mask, m, size, flags=cv2.INTER_LINEAR,
+        out: np.ndarray = cv2.warpAffine(mask, m, size, flags=cv2.INTER_LINEAR,
                                          borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
         return out
 

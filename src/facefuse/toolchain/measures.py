@@ -45,6 +45,34 @@ def occluder_survival(output: np.ndarray, occluded_target: np.ndarray, footprint
     return float((diff[where] <= SURVIVAL_TOLERANCE).mean())
 
 
+#: σ (pixels) of the blur a hair's fine detail is measured above (:func:`hair_kept`).
+HAIR_DETAIL_SIGMA = 2.0
+
+
+def hair_kept(output: np.ndarray, occluded_target: np.ndarray, footprint: np.ndarray,
+              target_landmarks: np.ndarray) -> float:
+    """How much of a target's facial hair the output keeps strand for strand: the
+    correlation, over the hair's footprint inside the face oval, of the output's
+    fine luma detail (the luma less its Gaussian blur of :data:`HAIR_DETAIL_SIGMA`
+    pixels) with the occluded target's. 1: every strand where it was, with its
+    contrast; about 0: the hair gone (the source's skin shows). The hair is laid over
+    the fused skin, not kept as the target's pixels, so the skin between strands may
+    change: pixel equality (:func:`occluder_survival`) does not apply. Images (H, W, 3)
+    uint8, ``footprint`` (H, W) bool."""
+    where = footprint & face_outline_mask(target_landmarks, output.shape)
+    if int(where.sum()) < 2:
+        return 1.0
+
+    def fine(img: np.ndarray) -> np.ndarray:
+        y = img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+        out: np.ndarray = (y - cv2.GaussianBlur(y, (0, 0), HAIR_DETAIL_SIGMA))[where]
+        return out
+
+    a, b = fine(output), fine(occluded_target)
+    den = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / den) if den > 0 else 0.0
+
+
 def occluder_leak(output_occluded: np.ndarray, output_clean: np.ndarray, target: np.ndarray,
                   footprint: np.ndarray, source_landmarks: np.ndarray,
                   target_landmarks: np.ndarray) -> float:

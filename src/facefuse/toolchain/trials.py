@@ -37,6 +37,7 @@ from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import (
     face_outline_mask,
     gradient_slope,
+    hair_kept,
     occluder_leak,
     occluder_survival,
 )
@@ -169,12 +170,12 @@ def facial_hair_survival_trial(fuser: FaceFuser, src: Sample, tgt: Sample,
                                kind: FacialHairKind, donor: Sample, options: FuseOptions,
                                seed: int = 0) -> tuple[float, np.ndarray]:
     """(kept share, output) of fusing ``src`` into ``tgt`` wearing the donor's hair
-    as a beard, moustache or stubble: the share of the hair's footprint inside
-    the face left unchanged (:func:`occluder_survival`)."""
+    as a beard, moustache or stubble: how much of the hair is kept strand for
+    strand (:func:`hair_kept`)."""
     hairy, fp = paste_facial_hair(tgt.image, tgt.landmarks, kind, donor.image,
                                   donor.landmarks, seed)
     out = fuse_sample(fuser, src, Sample(hairy, tgt.faces), options)
-    return occluder_survival(out, hairy, fp, tgt.landmarks), out
+    return hair_kept(out, hairy, fp, tgt.landmarks), out
 
 
 def facial_hair_leak_trial(fuser: FaceFuser, src: Sample, tgt: Sample, kind: FacialHairKind,

@@ -796,6 +796,12 @@ def worn_regions(image: np.ndarray, landmarks: np.ndarray, *, glasses: bool,
     return without_openings(found, lm) if openings else found
 
 
+def facial_hair_regions(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+    """(H, W) float32 in {0, 1}: the face's facial hair (:func:`facial_hair_mask`,
+    on the face outline's crop)."""
+    return occ.on_face_crop(image, np.asarray(landmarks, np.float64), facial_hair_mask)
+
+
 def without_openings(worn: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """``worn`` (H, W) float32, glasses and facial hair on the image of the mesh
     ``lm``, less the eye openings and the lips (grown a little): a clear lens shows

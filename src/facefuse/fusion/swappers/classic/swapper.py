@@ -306,6 +306,83 @@ class _Inline(Executor):
         return done
 
 
+#: Bounds on the target's facial hair's shading of its own skin (the photo over its
+#: shaved estimate, per channel): a dark beard darkens it, fair or grey hairs on
+#: darker skin brighten it.
+HAIR_SHADE = (0.05, 3.0)
+#: σ of the facial hair's mask's feather, in working pixels.
+HAIR_FEATHER = 1.0
+#: σ (eye distances) over which the fused skin under the hair takes the target's own
+#: skin tone there, and the bounds on that gain.
+HAIR_TONE_SIGMA = 0.08
+HAIR_TONE = (0.5, 2.0)
+#: σ (eye distances) of the blur that takes the fused layer's own fine detail out
+#: under the hair (the photo's hair and skin detail replace it).
+HAIR_DETAIL = 0.015
+
+
+def _with_hair(face: np.ndarray, frame: detail.Scaled, tgt_img: np.ndarray,
+               tgt_lm: np.ndarray, hair: np.ndarray, fused: np.ndarray, dst: np.ndarray,
+               feather: float) -> None:
+    """Lay the target's facial hair over the fused ``face`` (H, W, 3) float32 at the
+    region's full resolution, in place: where ``hair`` (h, w, working scale) is,
+    the face takes the target's own skin tone there (its skin without the hair,
+    filled from the skin around it, :func:`skin_fill.fill_from_skin`, over the
+    working-scale ``fused`` layer (h, w, 3), both low-passed) and is multiplied by
+    the target photo over that skin. The hair stays exactly where it is, strand for
+    strand at full resolution, and the skin and the mouth under it are the
+    source's: stubble shades the new jaw, a dense beard keeps its colour, and the
+    fused lips are left out. ``tgt_lm`` (N, 3) the target's working landmarks;
+    ``dst`` (N, 3) the fused mesh in the region's full-resolution frame;
+    ``feather`` pixels there."""
+    d = eye_distance(tgt_lm)
+    outline = occ.outline_mask(tgt_lm, tgt_img.shape)
+    shaved: np.ndarray = _cleaned(tgt_img, tgt_lm, hair, outline).astype(np.float32)
+    weight: np.ndarray = cv2.GaussianBlur(skin_fill.covered(hair, d), (0, 0), HAIR_FEATHER)
+    sigma = max(1.0, HAIR_TONE_SIGMA * d)
+    tone: np.ndarray = np.clip((cv2.GaussianBlur(shaved, (0, 0), sigma) + 1.0)
+                               / (cv2.GaussianBlur(fused, (0, 0), sigma) + 1.0),
+                               *HAIR_TONE).astype(np.float32)
+    if frame.small != frame.size:
+        shaved = cv2.resize(shaved, frame.size, interpolation=cv2.INTER_LINEAR)
+        weight = cv2.resize(weight, frame.size, interpolation=cv2.INTER_LINEAR)
+        tone = cv2.resize(tone, frame.size, interpolation=cv2.INTER_LINEAR)
+    h, w = face.shape[:2]
+    weight *= 1.0 - masks.lips_mask(dst, (0, 0, w, h), feather)
+    weight[weight < 1e-3] = 0.0
+    window = detail.nonzero_window(weight, (1.0, 1.0), (w, h))
+    if window is None:
+        return
+    x0, y0, x1, y1 = window
+    photo = frame.full[y0:y1, x0:x1].astype(np.float32)
+    shade = np.clip((photo + 1.0) / (shaved[y0:y1, x0:x1] + 1.0), *HAIR_SHADE)
+    shade *= tone[y0:y1, x0:x1]
+    under = face[y0:y1, x0:x1]
+    # The fine detail there is the photo's (its strands and the skin between them),
+    # not the fused layer's as well: under the hair the layer is taken smooth.
+    fine = max(0.5, HAIR_DETAIL * d / min(frame.ratio))
+    shade *= cv2.GaussianBlur(under, (0, 0), fine)
+    shade -= under
+    shade *= each_channel(weight[y0:y1, x0:x1])
+    under += shade
+
+
+def _target_occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The target's occluders kept as they are (its glasses, a hand, hair over the
+    face, less the eye openings and the lips) and, apart, its facial hair (or None
+    when not looked for): the beard is laid over the fused face as the photo's
+    shading of it (:func:`_with_hair`), never kept as the target's pixels."""
+    kept = regions.face_occluders(image, landmarks, glasses=options.glasses, openings=True)
+    if not options.finds_facial_hair(source=False):
+        return kept, None
+    hair = regions.facial_hair_regions(image, landmarks)
+    if not hair.any():
+        return kept, None
+    kept *= 1.0 - hair
+    return kept, hair
+
+
 def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
                scale: float = 1.0, rim_grow: float = 0.0, source: bool = False) -> np.ndarray:
     """The face's occluders (see :func:`facefuse.fusion.swappers.classic.regions.face_occluders`),
@@ -564,9 +641,9 @@ class ClassicSwapper:
             src_box = _source_box(source_rgb.shape, src_lm)
             src_local = _crop_points(src_lm, src_box, src_scale)
             tgt_img = np.ascontiguousarray(tgt_img)
-            tgt_occ = None
+            tgt_occ = tgt_hair = None
             if options.keep_target_occluders and carried is None:
-                tgt_occ = _occluders(tgt_img, tgt_local, options)
+                tgt_occ, tgt_hair = _target_occluders(tgt_img, tgt_local, options)
             elif carried is not None and options.keep_target_occluders:
                 # What moves on its own is found here; glasses and facial hair come
                 # from the frame they were found on, moved with the face.
@@ -574,6 +651,9 @@ class ClassicSwapper:
                 worn = carried.mask_onto(tgt_lm, (x0, y0), frame.ratio, frame.small)
                 if worn is not None:
                     np.maximum(tgt_occ, worn, out=tgt_occ)
+                tgt_hair = carried.hair_onto(tgt_lm, (x0, y0), frame.ratio, frame.small)
+                if tgt_hair is not None:
+                    tgt_occ *= 1.0 - tgt_hair
             geometry = _geometry(src_local, tgt_local, dst_local, tgt_img.shape, options,
                                  carried)
         except BaseException:
@@ -582,7 +662,7 @@ class ClassicSwapper:
         source = side.result()
         src_crop = source.crop
         work = self._layer(source, tgt_img, tgt_local, dst_local, feather * frame.ratio[0],
-                           options, prep, tgt_occ, geometry)
+                           options, prep, tgt_occ, geometry, tgt_hair)
         face, mask, keep = work.face, work.mask, work.keep
         if scale < 1.0 or options.texture_weight > 0.0:
             # Every face, at the working scale or its own: the layer's change is
@@ -609,6 +689,9 @@ class ClassicSwapper:
                         else eyes.iris_colour(frame.full, tgt_lm - origin))
             iris = eyes.iris_gains(src_iris, tgt_iris)
             eyes.recolour_irises(face, dst - origin, iris, options.texture_weight, feather)
+        if tgt_hair is not None:
+            _with_hair(face, frame, tgt_img, tgt_local, tgt_hair, work.face, dst - origin,
+                       feather)
         if keep is not None:
             # At full size the occluder's outline is re-drawn crisp (one pixel of
             # growth covers its anti-aliased edge): its pixels must come back exactly.
@@ -635,6 +718,7 @@ class ClassicSwapper:
         prep: SourceEntry,
         tgt_occ: np.ndarray | None,
         geometry: _Geometry,
+        tgt_hair: np.ndarray | None = None,
     ) -> _Work:
         """The working-scale render over the whole of ``tgt_img`` (see :class:`_Work`);
         all coordinates in the frames of the given images. ``prep``: the memo of this
@@ -720,6 +804,9 @@ class ClassicSwapper:
         skin = (mask > 0.5).astype(np.float32)
         if reject is not None:
             skin *= 1.0 - reject
+        if tgt_hair is not None:
+            # The target's beard is not its skin's light (it is laid over after).
+            skin *= 1.0 - tgt_hair
         sigma = max(2.0, LIGHTING_SIGMA_FRACTION * eye_distance(dst))
         source_layer = self.pixels.lighting(source_layer, target_layer, skin, sigma,
                                             LIGHTING_MAX_GAIN)
@@ -787,12 +874,15 @@ class ClassicSwapper:
         box = masks.face_region(lm, target_rgb.shape, 2 * masks.feather_px(lm))
         scale = min(1.0, self.work_eye_px / max(1.0, eye_distance(lm)))
         hair = options.finds_facial_hair(source=False)
-        mask, ratio = None, (1.0, 1.0)
+        mask, ratio, beard = None, (1.0, 1.0), None
         if options.keep_target_occluders and (options.glasses or hair):
             crop, small, local = _crop_scaled(target_rgb, lm, box, scale)
             ratio = crop.ratio
             mask = regions.worn_regions(small, local, glasses=options.glasses,
-                                        facial_hair=hair, openings=True)
+                                        facial_hair=False, openings=True)
+            if hair:
+                beard = regions.facial_hair_regions(small, local)
+                beard = beard if beard.any() else None
         iris = eyes.iris_colour(target_rgb, lm) if options.texture_weight > 0.0 else None
         h, w = target_rgb.shape[:2]
         cut = box[0] <= 0 or box[1] <= 0 or box[2] >= w or box[3] >= h
@@ -801,7 +891,7 @@ class ClassicSwapper:
             dst = fused_shape(source_face.landmarks.astype(np.float64), lm, options.shape_weight)
             tris = delaunay(dst[:MESH_POINTS, :2])
             tris.flags.writeable = False
-        return Carried(mask, box, ratio, lm[:MESH_POINTS, :2].copy(), iris, cut, tris)
+        return Carried(mask, box, ratio, lm[:MESH_POINTS, :2].copy(), iris, cut, tris, beard)
 
     @staticmethod
     def _gain_field(gains: np.ndarray, mesh_dst: np.ndarray, dst: np.ndarray,
