@@ -15,6 +15,7 @@ from facefuse.fusion import mask as masks
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.swappers.classic import occlusion, regions, skin_fill
+from facefuse.fusion.swappers.classic import swapper as swapper_mod
 from facefuse.fusion.types import FuseOptions
 from facefuse.toolchain.measures import face_outline_mask
 from facefuse.toolchain.synthetic import paste_glasses
@@ -193,3 +194,42 @@ def test_a_targets_fringe_is_kept_whole(fuser: FaceFuser, samples: dict[str, Sam
     same = np.abs(out.astype(np.int16) - worn).max(-1) <= 2
     # (0.48 with three quarters of the forehead blended; the feather still reaches.)
     assert same[upper].mean() > 0.7, same[upper].mean()
+
+
+def test_what_the_finders_leave_dark_on_a_source_is_filled(
+        samples: dict[str, Sample]) -> None:
+    """A dark strand across a cheek that no finder names (a lens's lower rim, a
+    curl) is filled with the rest, and its pixels are no longer the source's: the
+    render takes no source detail there either. Freckles and the features' own
+    darkness stay."""
+    rng = np.random.default_rng(2)
+    for name in ("astronaut", "obama", "biden"):
+        s = samples[name]
+        lm = s.landmarks
+        d = eye_distance(lm)
+        base = _freckled(s.image, lm, rng)
+        strand = np.zeros(base.shape[:2], np.uint8)
+        # An arc on the image-left cheek, 3 % of the eye distance wide.
+        centre = (int(lm[topo.EYE_OUTER[0], 0] + 0.2 * d), int(lm[topo.EYE_OUTER[0], 1] + 0.1 * d))
+        cv2.ellipse(strand, centre, (int(0.16 * d), int(0.12 * d)), 0, 20, 160, 1,
+                    max(2, round(0.03 * d)))
+        image = base.copy()
+        image[strand > 0] = (image[strand > 0] * 0.45).astype(np.uint8)
+        # (Something else is found, so the fill runs: a patch at the chin.)
+        found = np.zeros(base.shape[:2], np.float32)
+        chin = lm[topo.CHIN, :2].astype(int)
+        cv2.circle(found, (int(chin[0]), int(chin[1] - 0.1 * d)), max(2, round(0.04 * d)),
+                   1.0, -1)
+        outline = occlusion.outline_mask(lm, image.shape)
+        clean, covered = swapper_mod._cleaned(image, lm, found, outline)
+        on = strand > 0
+        assert covered[on].mean() > 0.8, (name, covered[on].mean())
+        luma = np.array([0.299, 0.587, 0.114])
+        ring = (cv2.dilate(strand, np.ones((9, 9), np.uint8)) > 0) & ~on
+        assert (clean[on] @ luma).mean() > 0.85 * (base[ring] @ luma).mean(), name
+        # The freckles and the eyes, brows and lips are not filled.
+        freckles = (np.abs(base.astype(int) - s.image).max(-1) > 20) & ~on
+        assert covered[freckles].mean() < 0.1, (name, covered[freckles].mean())
+        h, w = image.shape[:2]
+        features = masks.features_mask(lm, (0, 0, w, h)) > 0.5
+        assert covered[features].mean() < 0.02, (name, covered[features].mean())

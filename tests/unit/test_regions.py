@@ -166,7 +166,8 @@ def test_the_source_shows_under_the_targets_stubble(fuser: FaceFuser,
         sigma = 0.05 * eye_distance(tgt.landmarks)
         where = fp & face_outline_mask(tgt.landmarks, tgt.image.shape)
 
-        def change(a: np.ndarray, b: np.ndarray) -> float:
+        def change(a: np.ndarray, b: np.ndarray, sigma: float = sigma,
+                   where: np.ndarray = where) -> float:
             d = cv2.GaussianBlur(a.astype(np.float32) - b.astype(np.float32), (0, 0), sigma)
             return float(np.abs(d).max(-1)[where].mean())
 

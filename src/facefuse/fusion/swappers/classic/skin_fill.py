@@ -88,3 +88,46 @@ def fill_from_skin(image: np.ndarray, cover: np.ndarray, skin: np.ndarray,
     out[where] = src[where] * (1.0 - a) + estimate * a
     result: np.ndarray = np.clip(np.rint(out), 0, 255).astype(np.uint8)
     return result
+
+
+#: What the finders missed on a source (a lens's lower rim, a strand across the
+#: forehead, a hand's shadow): after the fill, skin pixels darker than this share
+#: of the luma of the skin around them (the filled image blurred over
+#: :data:`RESIDUE_SIGMA` eye distances) ...
+RESIDUE_DARK = 0.72
+RESIDUE_SIGMA = 0.1
+#: ... that survive an opening by a disc of this radius (eye distances: pores,
+#: wrinkles and thin lines are narrower), in pieces of at least this area (eye
+#: distances squared) or this length (eye distances; a freckle or a mole is
+#: smaller and round, a rim's piece long) ...
+RESIDUE_OPEN = 0.012
+RESIDUE_AREA = 0.008
+RESIDUE_LENGTH = 0.1
+#: ... away from the features (eyes, brows, lips, nostrils: their own darkness is
+#: the face's), grown by this much.
+RESIDUE_CLEAR = 0.04
+
+
+def dark_residue(image: np.ndarray, filled: np.ndarray, inside: np.ndarray,
+                 features: np.ndarray, eye_px: float) -> np.ndarray:
+    """(H, W) float32 in {0, 1}: what is still dark on ``image`` once its occluders
+    are ``filled`` (both (H, W, 3)), inside the face (``inside`` > 0.5) and off its
+    ``features`` (> 0.5 there; grown by :data:`RESIDUE_CLEAR`), by the thresholds
+    above: a piece of an occluder the finders left, to be filled too."""
+    luma = np.asarray([0.299, 0.587, 0.114], np.float32)
+    y = np.asarray(image, np.float32) @ luma
+    around = _blur(np.asarray(filled, np.float32) @ luma, max(0.5, RESIDUE_SIGMA * eye_px))
+    r = max(1, round(RESIDUE_CLEAR * eye_px))
+    clear = cv2.dilate((features > 0.5).astype(np.uint8),
+                       cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1, 2 * r + 1)))
+    dark = ((y < RESIDUE_DARK * around) & (inside > 0.5) & (clear == 0)).astype(np.uint8)
+    k = max(1, round(RESIDUE_OPEN * eye_px))
+    dark = cv2.morphologyEx(dark, cv2.MORPH_OPEN,
+                            cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * k + 1, 2 * k + 1)))
+    _, labels, stats, _ = cv2.connectedComponentsWithStats(dark, connectivity=8)
+    large = ((stats[:, cv2.CC_STAT_AREA] >= RESIDUE_AREA * eye_px * eye_px)
+             | (np.maximum(stats[:, cv2.CC_STAT_WIDTH], stats[:, cv2.CC_STAT_HEIGHT])
+                >= RESIDUE_LENGTH * eye_px))
+    large[0] = False
+    out: np.ndarray = large[labels].astype(np.float32)
+    return out

@@ -323,7 +323,7 @@ HAIR_DETAIL = 0.015
 
 def _with_hair(face: np.ndarray, frame: detail.Scaled, tgt_img: np.ndarray,
                tgt_lm: np.ndarray, hair: np.ndarray, fused: np.ndarray, dst: np.ndarray,
-               feather: float) -> None:
+               feather: float, strength: float) -> None:
     """Lay the target's facial hair over the fused ``face`` (H, W, 3) float32 at the
     region's full resolution, in place: where ``hair`` (h, w, working scale) is,
     the face takes the target's own skin tone there (its skin without the hair,
@@ -334,11 +334,16 @@ def _with_hair(face: np.ndarray, frame: detail.Scaled, tgt_img: np.ndarray,
     source's: stubble shades the new jaw, a dense beard keeps its colour, and the
     fused lips are left out. ``tgt_lm`` (N, 3) the target's working landmarks;
     ``dst`` (N, 3) the fused mesh in the region's full-resolution frame;
-    ``feather`` pixels there."""
+    ``feather`` pixels there; ``strength`` in [0, 1] the share laid over (the
+    texture weight: at degree 1 the face is nearly the target's own, beard and all)."""
     d = eye_distance(tgt_lm)
     outline = occ.outline_mask(tgt_lm, tgt_img.shape)
-    shaved: np.ndarray = _cleaned(tgt_img, tgt_lm, hair, outline).astype(np.float32)
-    weight: np.ndarray = cv2.GaussianBlur(skin_fill.covered(hair, d), (0, 0), HAIR_FEATHER)
+    shaved: np.ndarray = skin_fill.fill_from_skin(
+        tgt_img, skin_fill.covered(hair, d), _readable(tgt_img, tgt_lm, outline),
+        d).astype(np.float32)
+    weight: np.ndarray = strength * cv2.GaussianBlur(skin_fill.covered(hair, d), (0, 0),
+                                                     HAIR_FEATHER)
+    core: np.ndarray = strength * cv2.GaussianBlur(hair, (0, 0), HAIR_FEATHER)
     sigma = max(1.0, HAIR_TONE_SIGMA * d)
     tone: np.ndarray = np.clip((cv2.GaussianBlur(shaved, (0, 0), sigma) + 1.0)
                                / (cv2.GaussianBlur(fused, (0, 0), sigma) + 1.0),
@@ -346,6 +351,7 @@ def _with_hair(face: np.ndarray, frame: detail.Scaled, tgt_img: np.ndarray,
     if frame.small != frame.size:
         shaved = cv2.resize(shaved, frame.size, interpolation=cv2.INTER_LINEAR)
         weight = cv2.resize(weight, frame.size, interpolation=cv2.INTER_LINEAR)
+        core = cv2.resize(core, frame.size, interpolation=cv2.INTER_LINEAR)
         tone = cv2.resize(tone, frame.size, interpolation=cv2.INTER_LINEAR)
     h, w = face.shape[:2]
     weight *= 1.0 - masks.lips_mask(dst, (0, 0, w, h), feather)
@@ -358,10 +364,14 @@ def _with_hair(face: np.ndarray, frame: detail.Scaled, tgt_img: np.ndarray,
     shade = np.clip((photo + 1.0) / (shaved[y0:y1, x0:x1] + 1.0), *HAIR_SHADE)
     shade *= tone[y0:y1, x0:x1]
     under = face[y0:y1, x0:x1]
-    # The fine detail there is the photo's (its strands and the skin between them),
-    # not the fused layer's as well: under the hair the layer is taken smooth.
+    # The fine detail under the hair itself is the photo's (its strands and the skin
+    # between them), not the fused layer's as well: there the layer is taken smooth.
     fine = max(0.5, HAIR_DETAIL * d / min(frame.ratio))
-    shade *= cv2.GaussianBlur(under, (0, 0), fine)
+    smooth = cv2.GaussianBlur(under, (0, 0), fine)
+    smooth -= under
+    smooth *= each_channel(core[y0:y1, x0:x1])
+    smooth += under
+    shade *= smooth
     shade -= under
     shade *= each_channel(weight[y0:y1, x0:x1])
     under += shade
@@ -377,10 +387,9 @@ def _target_occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOpt
     if not options.finds_facial_hair(source=False):
         return kept, None
     hair = regions.facial_hair_regions(image, landmarks)
-    if not hair.any():
-        return kept, None
-    kept *= 1.0 - hair
-    return kept, hair
+    # (What the occluder rule finds over it, a hand or a microphone, stays kept.)
+    hair *= 1.0 - kept
+    return kept, hair if hair.any() else None
 
 
 def _occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOptions,
@@ -410,16 +419,42 @@ class _Source:
 
 
 def _cleaned(small: np.ndarray, local: np.ndarray, occluders: np.ndarray,
-             outline: np.ndarray) -> np.ndarray:
+             outline: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The source's working image (h, w, 3) uint8 with its ``occluders`` filled from
-    the skin inside its ``outline`` (:func:`skin_fill.fill_from_skin`)."""
+    the skin inside its ``outline`` (:func:`skin_fill.fill_from_skin`), and the
+    occluders (h, w) float32 with what was still dark after that fill
+    (:func:`skin_fill.dark_residue`: a lens's lower rim, a strand the finders
+    left), filled too."""
     d = eye_distance(local)
-    # (The whole face's skin model weighs what is read: each side's would cost three
-    # probability maps a source for a weight the fill's wide Gaussians smooth anyway.)
-    model = occ.fit_skin_model(small, local)
-    readable = outline if model is None else outline * occ.skin_probability(
-        small, model, occ.skin_blur(local))
-    return skin_fill.fill_from_skin(small, skin_fill.covered(occluders, d), readable, d)
+    readable = _readable(small, local, outline)
+    filled = skin_fill.fill_from_skin(small, skin_fill.covered(occluders, d), readable, d)
+    h, w = small.shape[:2]
+    features = np.maximum(masks.features_mask(local, (0, 0, w, h)), _nostrils(local, (h, w)))
+    residue = skin_fill.dark_residue(small, filled, outline * (1.0 - occluders), features, d)
+    if not residue.any():
+        return filled, occluders
+    more = np.maximum(occluders, residue)
+    return skin_fill.fill_from_skin(small, skin_fill.covered(more, d), readable, d), more
+
+
+def _readable(image: np.ndarray, lm: np.ndarray, outline: np.ndarray) -> np.ndarray:
+    """(H, W) float32: where a fill may read the face's skin: its ``outline`` weighed
+    by the skin probability. (The whole face's skin model: each side's would cost
+    three probability maps for a weight the fill's wide Gaussians smooth anyway.)"""
+    model = occ.fit_skin_model(image, lm)
+    if model is None:
+        return outline
+    out: np.ndarray = outline * occ.skin_probability(image, model, occ.skin_blur(lm))
+    return out
+
+
+def _nostrils(lm: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(H, W) float32: the nose's underside, the wings to the base (mesh points)
+    and the tip, where the nostrils' own darkness is."""
+    out = np.zeros(shape, np.uint8)
+    pts = np.round(lm[[98, 1, 327, 2], :2]).astype(np.int32)
+    cv2.fillConvexPoly(out, cv2.convexHull(pts), 1)
+    return out.astype(np.float32)
 
 
 def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: bool,
@@ -441,7 +476,8 @@ def _source_side(image: np.ndarray, landmarks: np.ndarray, scale: float, relit: 
     if occluders is not None and occluders.any():
         # What covers the source is filled from its own skin before anything is
         # warped (never shown as the target's pixels: that brought the target back).
-        small = prep.get(("clean", key), lambda: _cleaned(small, local, occluders, outline))
+        small, occluders = prep.get(("clean", key),
+                                    lambda: _cleaned(small, local, occluders, outline))
     return _Source(crop, small, local, occluders, outline, key)
 
 
@@ -653,7 +689,7 @@ class ClassicSwapper:
                     np.maximum(tgt_occ, worn, out=tgt_occ)
                 tgt_hair = carried.hair_onto(tgt_lm, (x0, y0), frame.ratio, frame.small)
                 if tgt_hair is not None:
-                    tgt_occ *= 1.0 - tgt_hair
+                    tgt_hair *= 1.0 - tgt_occ
             geometry = _geometry(src_local, tgt_local, dst_local, tgt_img.shape, options,
                                  carried)
         except BaseException:
@@ -691,7 +727,7 @@ class ClassicSwapper:
             eyes.recolour_irises(face, dst - origin, iris, options.texture_weight, feather)
         if tgt_hair is not None:
             _with_hair(face, frame, tgt_img, tgt_local, tgt_hair, work.face, dst - origin,
-                       feather)
+                       feather, options.texture_weight)
         if keep is not None:
             # At full size the occluder's outline is re-drawn crisp (one pixel of
             # growth covers its anti-aliased edge): its pixels must come back exactly.
