@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import fetch_samples
-from report import RESULTS, machine, machine_line, write_json, write_section
+from report import RESULTS, load1, machine, machine_line, write_json, write_section
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 PORTRAITS = ("obama", "obama2", "biden", "obama3")
@@ -331,11 +331,6 @@ class Pool:
     def used(self, server: str, row: dict[str, Any]) -> None:
         self.cursor[server] = self.cursor.get(server, 0) + row["requests"] + row["concurrency"]
         self.best_rps = max(self.best_rps, float(row["throughput_rps"]))
-
-
-def load1() -> float:
-    """The 1-minute load average (other work on the machine skews every number)."""
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def run(srv: Server, name: str, pool: Pool, route: str, c: int, duration: float,

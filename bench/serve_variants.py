@@ -35,8 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import level
 from facefuse.config import Settings
-from report import ROOT, machine, write_json
-from serve import Inputs, Pool, closed_loop, load1, server
+from report import ROOT, load1, machine, write_json
+from serve import Inputs, Pool, closed_loop, server
 
 
 def cpu_s(pids: list[int]) -> tuple[float, float]:

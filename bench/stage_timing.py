@@ -29,9 +29,17 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import add_input_options, base_env, export_src, input_flags, inputs_phrase, short_rev
+from ab import add_input_options, base_env, input_flags, inputs_phrase
 from facefuse.config import Settings
-from report import ROOT, machine, machine_line, write_json, write_section
+from report import (
+    ROOT,
+    export_src,
+    machine,
+    machine_line,
+    short_rev,
+    write_json,
+    write_section,
+)
 from serve import Inputs, server
 
 STAGES = ("decode", "detect", "mesh", "embed", "fuse", "evaluate", "encode", "total")
