@@ -213,6 +213,28 @@ def server(env: dict[str, str], log: Path, args: tuple[str, ...] = (),
 # --- load -------------------------------------------------------------------------------------
 
 
+def process_cpu_s(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of ``pids`` so far (``/proc/PID/stat``; a process
+    gone counts nothing)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    user = system = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            user += int(fields[11])
+            system += int(fields[12])
+    return user / tick, system / tick
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """A server variant of the command line: ``name:A=1,B=2`` → ``("name", {"A": "1",
+    "B": "2"})``, the environment of that server (values are split on commas: none in
+    them)."""
+    name, _, rest = text.partition(":")
+    env = dict(item.split("=", 1) for item in rest.split(",") if item)
+    return name, env
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
