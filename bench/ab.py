@@ -29,53 +29,31 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
-from report import ROOT, machine, machine_line, worker_at, write_json, write_section
-from serve import Inputs, Pool, closed_loop, load1, server
+from report import (
+    ROOT,
+    export_src,
+    load1,
+    machine,
+    machine_line,
+    short_rev,
+    write_json,
+    write_section,
+)
+from serve import Inputs, Pool, closed_loop, server
 
 #: Goals on this machine: p50 at 1 client, req/s at 8, peak RSS MB at 32 clients.
 GOAL_P50_MS = 45.0
 GOAL_RPS_8 = 30.0
 GOAL_RSS_MB = 300.0
-
-
-def short_rev(rev: str) -> str:
-    """The short commit id of ``rev`` in this checkout."""
-    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev],
-                          check=True, capture_output=True, text=True).stdout.strip()
-
-
-def export_src(rev: str, into: Path) -> Path:
-    """``rev``'s ``src/`` tree written under ``into``; returns the ``src`` path."""
-    data = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "src"],
-                          check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    return into / "src"
-
-
-def rev_workers(script: str, revs: list[str], tmp: Path, stack: contextlib.ExitStack,
-                wait_s: float = 120.0) -> dict[str, tuple[IO[str], IO[str]]]:
-    """One ``script --worker`` process per rev of ``revs`` (``checkout``: this tree's
-    ``src/``, else the rev's exported under ``tmp``), each past its ``ready`` line:
-    rev -> (stdin, stdout), closed with ``stack``."""
-    workers: dict[str, tuple[IO[str], IO[str]]] = {}
-    for r in revs:
-        src = ROOT / "src" if r == "checkout" else export_src(r, tmp / r)
-        workers[r] = stack.enter_context(worker_at(script, "--worker", src, wait_s=wait_s))
-        assert workers[r][1].readline().startswith("ready")
-    return workers
 
 
 def level(srv: Any, name: str, pool: Pool, c: int, duration: float) -> dict[str, Any]:

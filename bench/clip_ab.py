@@ -17,14 +17,12 @@ Prints the table and writes bench/results/clip_ab.json (or DIR/clip_ab.json).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -41,37 +39,28 @@ def worker() -> None:
     from facefuse.fusion.engine import FaceFuser
     from facefuse.video.engine import ClipFusion, VideoOptions, frame_threads_only
     from facefuse.video.io import Frame, VideoReader, probe
+    from report import answer_requests, wall_cpu_ms
 
     frame_threads_only()
     settings = Settings.from_env()
     fuser = FaceFuser(settings)
     frames: list[Any] = []
     state: Any = None
-    print("ready", flush=True)
-    for line in sys.stdin:
-        q = json.loads(line)
+
+    def handle(q: dict[str, Any]) -> dict[str, Any]:
+        nonlocal frames, state
         if "clip" in q:
             clip = Path(q["clip"])
             frames = [f for f in VideoReader(clip, probe(clip)) if isinstance(f, Frame)]
-            print(json.dumps({"frames": len(frames)}), flush=True)
-        elif "reset" in q:
+            return {"frames": len(frames)}
+        if "reset" in q:
             state = ClipFusion(fuser, VideoOptions(), [settings.samples_dir / "biden.jpg"])
             state.process(frames[0].rgb, 0, frames[0].time_s)
-            print("{}", flush=True)
-        else:
-            f = frames[q["i"]]
-            w0, c0 = time.perf_counter(), time.process_time()
-            state.process(f.rgb, f.index, f.time_s)
-            print(json.dumps({"wall": (time.perf_counter() - w0) * 1000,
-                              "cpu": (time.process_time() - c0) * 1000}), flush=True)
+            return {}
+        f = frames[q["i"]]
+        return wall_cpu_ms(lambda: state.process(f.rgb, f.index, f.time_s))
 
-
-def ask(w: tuple[IO[str], IO[str]], q: dict[str, Any]) -> dict[str, Any]:
-    """One request to a worker and its answer."""
-    w[0].write(json.dumps(q) + "\n")
-    w[0].flush()
-    answer: dict[str, Any] = json.loads(w[1].readline())
-    return answer
+    answer_requests(handle)
 
 
 def main() -> None:
@@ -83,11 +72,19 @@ def main() -> None:
     if args.worker:
         worker()
         return
-    from ab import rev_workers, short_rev
-    from report import machine, machine_line, write_json
+    from report import (
+        alternate,
+        ask,
+        machine,
+        machine_line,
+        paired_ratio,
+        rev_workers,
+        revs_to_time,
+        write_json,
+    )
     from video import make_clip
 
-    revs = [short_rev(args.base), *(short_rev(r) for r in args.also), "checkout"]
+    revs = revs_to_time(args.base, args.also)
     times: dict[str, dict[str, list[float]]] = {r: {"wall": [], "cpu": []} for r in revs}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         clip = make_clip(Path(tmp) / "clip.mp4", HEIGHT, FRAMES)
@@ -98,14 +95,13 @@ def main() -> None:
             for r in revs:
                 ask(workers[r], {"reset": True})
             for i in range(1, n):
-                for r in (revs if i % 2 == 0 else revs[::-1]):
+                for r in alternate(revs, i):
                     got = ask(workers[r], {"i": i})
                     for k in ("wall", "cpu"):
                         times[r][k].append(got[k])
     base = revs[0]
-    ratios = {r: {k: statistics.median(x / y for x, y in zip(times[r][k], times[base][k],
-                                                             strict=True))
-                  for k in ("cpu", "wall")} for r in revs[1:]}
+    ratios = {r: {k: paired_ratio(times[r][k], times[base][k]) for k in ("cpu", "wall")}
+              for r in revs[1:]}
     cpu = {r: statistics.median(times[r]["cpu"]) for r in revs}
     lines = [machine_line(machine()),
              f"Command: `.venv/bin/python bench/clip_ab.py --base {args.base}"

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
-import json
 import pstats
 import statistics
 import sys
@@ -45,7 +44,19 @@ from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import fetch_samples
 from facefuse.toolchain.trials import AFTER, BEFORE
-from report import ROOT, machine, machine_line, median_ms, worker_at, write_json, write_section
+from report import (
+    ROOT,
+    answer_requests,
+    ask,
+    export_src,
+    machine,
+    machine_line,
+    median_ms,
+    short_rev,
+    worker_at,
+    write_json,
+    write_section,
+)
 
 SIZES = (512, 1024, 2048, 4096)
 PAIRS = (("obama", "biden"), ("biden", "astronaut"), ("astronaut", "obama2"))
@@ -148,10 +159,8 @@ def stage_worker() -> None:
     with the per-pair stage medians (the other side of ``--base``)."""
     timer = StageTimer()
     opts = FuseOptions(degree=100, evaluate=False)
-    for line in sys.stdin:
-        q = json.loads(line)
-        print(json.dumps(timer.stage_ms(q["threads"], q["size"], q["repeat"], opts)),
-              flush=True)
+    answer_requests(lambda q: timer.stage_ms(q["threads"], q["size"], q["repeat"], opts),
+                    ready=False)
 
 
 def stage_worker_at(src: Path) -> AbstractContextManager[tuple[IO[str], IO[str]]]:
@@ -163,8 +172,6 @@ def compare_base(rev: str, repeat: int, rounds: int) -> dict[str, Any]:
     """Fusion stage of ``rev`` and of this checkout, each in its own process, the two
     alternating size by size in every round; medians over rounds of the per-pair
     median over pairs."""
-    from ab import export_src, short_rev  # the same export as the server A/B
-
     per: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory() as tmp, \
             stage_worker_at(export_src(rev, Path(tmp))) as old, \
@@ -172,11 +179,9 @@ def compare_base(rev: str, repeat: int, rounds: int) -> dict[str, Any]:
         for _ in range(rounds):
             for threads in (1, 2):
                 for size in SIZES:
-                    for side, (w, r) in (("before", old), ("after", new)):
-                        w.write(json.dumps({"threads": threads, "size": size,
-                                            "repeat": repeat}) + "\n")
-                        w.flush()
-                        got = [v for v in json.loads(r.readline()) if v is not None]
+                    for side, worker in (("before", old), ("after", new)):
+                        got = [v for v in ask(worker, {"threads": threads, "size": size,
+                                                       "repeat": repeat}) if v is not None]
                         if got:
                             per[side].setdefault(f"{threads}t_{size}", []).append(
                                 statistics.median(got))

@@ -52,7 +52,7 @@ from facefuse.toolchain.trials import (
     lighting_trial,
     survival_trial,
 )
-from report import ROOT, machine, machine_line, write_json, write_section
+from report import ROOT, machine, machine_line, parser, write_json, write_section
 
 DEGREES = (0, 25, 50, 75, 100)
 SETTINGS = {"before": BEFORE, "after": AFTER}
@@ -170,6 +170,7 @@ def variant_rows(fuser: FaceFuser, samples: dict[str, Sample], pairs: list[tuple
 
 
 def main() -> None:
+    parser(__doc__).parse_args()
     settings = Settings.from_env(precision="fp32")
     paths = fetch_samples(settings.samples_dir, settings.downloads_dir)
     fuser = FaceFuser(settings)

@@ -16,11 +16,8 @@ Prints the table and writes bench/results/fusion_ab.json.
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -36,24 +33,22 @@ def worker() -> None:
     """Answer one JSON line per request ``{"s", "t", "mp"}``: wall and CPU ms per fuse."""
     from facefuse.fusion.types import FuseOptions
     from realism import memo_free_fuser, resize_mp
+    from report import answer_requests, wall_cpu_ms
 
     fuser, photos = memo_free_fuser()
     jobs: dict[tuple[str, str, float], Any] = {}
     options = FuseOptions(degree=100, evaluate=False)
-    print("ready", flush=True)
-    for line in sys.stdin:
-        q = json.loads(line)
+
+    def handle(q: dict[str, Any]) -> dict[str, float]:
         key = (q["s"], q["t"], q["mp"])
         if key not in jobs:
             src, tgt = photos[q["s"]], resize_mp(photos[q["t"]], q["mp"])
             jobs[key] = (src, fuser.analyser.analyse(src)[0], tgt, fuser.analyser.analyse(tgt))
         src, sf, tgt, tf = jobs[key]
         fuser.fuse_faces(src, sf, tgt, tf, [0], options)
-        w0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(PER_JOB):
-            fuser.fuse_faces(src, sf, tgt, tf, [0], options)
-        print(json.dumps({"wall": (time.perf_counter() - w0) * 1000 / PER_JOB,
-                          "cpu": (time.process_time() - c0) * 1000 / PER_JOB}), flush=True)
+        return wall_cpu_ms(lambda: fuser.fuse_faces(src, sf, tgt, tf, [0], options), PER_JOB)
+
+    answer_requests(handle)
 
 
 def main() -> None:
@@ -64,10 +59,18 @@ def main() -> None:
     if args.worker:
         worker()
         return
-    from ab import rev_workers, short_rev
-    from report import machine, machine_line, write_json
+    from report import (
+        alternate,
+        ask,
+        machine,
+        machine_line,
+        paired_ratio,
+        rev_workers,
+        revs_to_time,
+        write_json,
+    )
 
-    revs = [short_rev(args.base), *(short_rev(r) for r in args.also), "checkout"]
+    revs = revs_to_time(args.base, args.also)
     times: dict[str, dict[float, dict[str, list[float]]]] = {
         r: {mp: {"wall": [], "cpu": []} for mp in SIZES_MP} for r in revs}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -75,11 +78,8 @@ def main() -> None:
         for mp in SIZES_MP:
             for i in range(args.rounds):
                 for s, t in PAIRS:
-                    for r in (revs if i % 2 == 0 else revs[::-1]):
-                        w, out = workers[r]
-                        w.write(json.dumps({"s": s, "t": t, "mp": mp}) + "\n")
-                        w.flush()
-                        got = json.loads(out.readline())
+                    for r in alternate(revs, i):
+                        got = ask(workers[r], {"s": s, "t": t, "mp": mp})
                         for k in ("wall", "cpu"):
                             times[r][mp][k].append(got[k])
     base = revs[0]
@@ -92,9 +92,8 @@ def main() -> None:
     result: dict[str, Any] = {"revs": revs, "rounds": args.rounds, "rows": []}
     for mp in SIZES_MP:
         b = times[base][mp]
-        ratios = {r: {k: statistics.median(x / y for x, y in zip(times[r][mp][k], b[k],
-                                                                 strict=True))
-                      for k in ("cpu", "wall")} for r in revs[1:]}
+        ratios = {r: {k: paired_ratio(times[r][mp][k], b[k]) for k in ("cpu", "wall")}
+                  for r in revs[1:]}
         cpu = {r: statistics.median(times[r][mp]["cpu"]) for r in revs}
         lines.append(f"| {mp:g} MP | " + " | ".join(f"{cpu[r]:.1f}" for r in revs) + " | "
                      + " | ".join(f"{ratios[r]['cpu']:.2f}, {ratios[r]['wall']:.2f}"

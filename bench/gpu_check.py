@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import statistics
@@ -54,7 +53,7 @@ from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.quantize.calibration import build_stage_data, evaluation_plan, load_photos
 from facefuse.toolchain.quantize.evaluate import Evaluator
 from facefuse.toolchain.samples import fetch_samples
-from report import machine, machine_line, write_section
+from report import arguments, machine, machine_line, write_json, write_section
 from torch_graphs import TorchGraph, TorchRunner, torch_model
 
 MODELS = ("blazeface_full", "facemesh", "iris", "dlib_resnet")
@@ -340,13 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     models = check_models(args, settings, registry, analyser, budget) \
         if "models" in args.parts else {}
     pixels = check_pixels(args, settings, analyser, budget) if "pixels" in args.parts else {}
-    res = {"environment": env, "args": {k: (str(v) if isinstance(v, Path) else v)
-                                        for k, v in vars(args).items()},
+    res = {"environment": env, "args": arguments(args),
            "models": models, "pixels": pixels,
            "throughput": throughput(models, pixels, args.device),
            "skipped": budget.skipped, "wall_s": round(time.monotonic() - t0, 1)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    write_json("gpu_check", res, args.out)
     (args.out / "gpu_check.md").write_text(markdown(res))
     print(markdown(res))
     if args.benchmarks:

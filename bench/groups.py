@@ -50,7 +50,7 @@ from facefuse.toolchain.detection_sets import (
     match,
     pairs,
 )
-from report import RESULTS, detection_photos, machine, machine_line, publish, write_json
+from report import RESULTS, detection_photos, machine, machine_line, parser, publish, write_json
 
 KINDS = ("group", "edge", "large", "face-free")
 #: The lineup: two faces above the default size limit, one (about 35 px between the
@@ -154,6 +154,7 @@ def contact_sheet(rows: list[np.ndarray]) -> np.ndarray:
 
 
 def main() -> None:
+    parser(__doc__).parse_args()
     base = Settings.from_env(threads=1, precision="fp32")
     photos, face_free = detection_photos(base)
     cases = [c for c in detection_cases(photos, face_free) if c.kind in KINDS]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
-from serve import Inputs, Pool, closed_loop, server
+from serve import Inputs, Pool, closed_loop, parse_variant, server
 
 
 def status_mb(pid: int) -> dict[str, int]:
@@ -37,12 +37,6 @@ def status_mb(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
             out[key] = int(value.split()[0]) // 1024
     return out
-
-
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    name, _, rest = text.partition(":")
-    env = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
-    return name, env
 
 
 def main() -> None:

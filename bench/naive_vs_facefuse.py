@@ -47,8 +47,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.imaging.decode import decode_image
-from report import RESULTS, machine, machine_line, write_section
-from serve import Inputs, Pool, Server, closed_loop, load1, server
+from report import RESULTS, arguments, load1, machine, machine_line, write_json, write_section
+from serve import Inputs, Pool, Server, closed_loop, server
 
 NAIVE = (str(Path(__file__).resolve().parent / "naive_service.py"),)
 PLOTS = {"latency": "naive_latency.png", "rss": "naive_rss.png", "bars": "naive_bars.png"}
@@ -192,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.setdefault(name, {}).setdefault(str(c), []).append(
                         level(srv, name, pool, c, args.duration))
     res: dict[str, Any] = {
-        "machine": machine(), "args": {k: str(v) if isinstance(v, Path) else v
-                                       for k, v in vars(args).items()},
+        "machine": machine(), "args": arguments(args),
         "startup_rss_mb": startup_rss, "same_pair": check, "rows": rows,
         "wall_s": round(time.monotonic() - t_start, 1),
     }
@@ -206,8 +205,7 @@ def finish(res: dict[str, Any], out: Path, benchmarks: bool) -> int:
     res["summary"] = summary = {name: summarise(r) for name, r in res["rows"].items()}
     res["largest_ok"] = {n: largest_ok(s, a["mem_limit_mb"], a["sla_ms"])
                          for n, s in summary.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "naive_vs_facefuse.json").write_text(json.dumps(res, indent=2) + "\n")
+    write_json("naive_vs_facefuse", res, out)
     plotted = plot(res, out)
     text = report(res, plotted)
     print(text)

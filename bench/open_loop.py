@@ -32,9 +32,17 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import export_src, short_rev
 from facefuse.config import Settings
-from report import RESULTS, ROOT, machine, machine_line, write_json, write_section
+from report import (
+    RESULTS,
+    ROOT,
+    export_src,
+    machine,
+    machine_line,
+    short_rev,
+    write_json,
+    write_section,
+)
 from serve import Inputs, Pair, Server, closed_loop, percentile, server
 
 #: Senders: enough that the pool is never what limits the offered rate.

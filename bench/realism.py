@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import statistics
 import sys
 import tempfile
@@ -116,12 +115,12 @@ def render_worker() -> None:
     "mp", "repeat"}``: the fused image and blend mask over the fused region (PNG,
     base64), the region and the fusion stage's median ms."""
     from facefuse.fusion.types import FuseOptions
-    from report import median_ms
+    from report import answer_requests, median_ms
 
     fuser, photos = memo_free_fuser()
     faces: dict[tuple[str, str, float], Any] = {}
-    for line in sys.stdin:
-        q = json.loads(line)
+
+    def handle(q: dict[str, Any]) -> dict[str, Any]:
         tgt = variant(photos[q["target"]], q["variant"])
         if q["mp"]:
             tgt = resize_mp(tgt, q["mp"])
@@ -141,9 +140,11 @@ def render_worker() -> None:
         res = run()
         x0, y0, x1, y1 = res.fused[0].region
         mask = np.clip(np.rint(res.fused[0].mask * 255), 0, 255).astype(np.uint8)
-        print(json.dumps({"ms": ms, "region": [x0, y0, x1, y1],
-                          "image": _png(cv2.cvtColor(res.image[y0:y1, x0:x1], cv2.COLOR_RGB2BGR)),
-                          "mask": _png(mask)}), flush=True)
+        return {"ms": ms, "region": [x0, y0, x1, y1],
+                "image": _png(cv2.cvtColor(res.image[y0:y1, x0:x1], cv2.COLOR_RGB2BGR)),
+                "mask": _png(mask)}
+
+    answer_requests(handle, ready=False)
 
 
 def render_worker_at(src: Path) -> AbstractContextManager[tuple[IO[str], IO[str]]]:
@@ -151,14 +152,6 @@ def render_worker_at(src: Path) -> AbstractContextManager[tuple[IO[str], IO[str]
     from report import worker_at
 
     return worker_at(__file__, "--render-worker", src, wait_s=120.0)
-
-
-def ask(worker: tuple[IO[str], IO[str]], **q: Any) -> dict[str, Any]:
-    w, r = worker
-    w.write(json.dumps(q) + "\n")
-    w.flush()
-    got: dict[str, Any] = json.loads(r.readline())
-    return got
 
 
 # ---- the figures -------------------------------------------------------------------
@@ -232,12 +225,20 @@ def main() -> None:
     if args.render_worker:
         render_worker()
         return
-    from ab import export_src, short_rev
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.geometry import eye_distance
     from facefuse.imaging.decode import decode_image
     from facefuse.toolchain.samples import fetch_samples, identity_of
-    from report import ROOT, machine, machine_line, write_json, write_section
+    from report import (
+        ROOT,
+        ask,
+        export_src,
+        machine,
+        machine_line,
+        short_rev,
+        write_json,
+        write_section,
+    )
 
     fuser = FaceFuser()
     paths = fetch_samples(fuser.settings.samples_dir, fuser.settings.downloads_dir)
@@ -265,8 +266,8 @@ def main() -> None:
                     row: dict[str, Any] = {"source": s, "target": t, "variant": v,
                                            "size_ratio": eyes[s] / eyes[t]}
                     for name, w in sides.items():
-                        hi = ask(w, source=s, target=t, variant=v, degree=100, mp=0, repeat=0)
-                        lo = ask(w, source=s, target=t, variant=v, degree=1, mp=0, repeat=0)
+                        hi = ask(w, dict(source=s, target=t, variant=v, degree=100, mp=0, repeat=0))
+                        lo = ask(w, dict(source=s, target=t, variant=v, degree=1, mp=0, repeat=0))
                         e = evaluate(hi, tgt, skin)
                         row[name] = {"detail": e["detail"], "patch": e["patch"],
                                      "psnr_degree1": evaluate(lo, tgt, skin)["psnr"]}
@@ -288,8 +289,8 @@ def main() -> None:
             for _ in range(args.repeat):
                 for mp in COST_MP:
                     for name, w in sides.items():
-                        ms = [ask(w, source=s, target=t, variant="native", degree=100, mp=mp,
-                                  repeat=args.repeat)["ms"]
+                        ms = [ask(w, dict(source=s, target=t, variant="native", degree=100,
+                                          mp=mp, repeat=args.repeat))["ms"]
                               for s, t in (("obama", "biden"), ("biden", "obama3"))]
                         cost[name].setdefault(mp, []).append(statistics.median(ms))
     report(rows, cost, short_rev(args.base), machine(), time.time() - t0, sheet, ROOT,

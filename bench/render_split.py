@@ -53,7 +53,7 @@ from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import decode_image
 from facefuse.imaging.encode import encode_image
 from realism import memo_free_fuser
-from report import machine, machine_line, write_json, write_section
+from report import alternate, machine, machine_line, write_json, write_section
 from serve import Inputs
 
 #: Full-resolution steps of a render timed on their own: (module, function name).
@@ -187,7 +187,7 @@ def main() -> None:
         lambda: defaultdict(list))
     outside: dict[str, list[float]] = defaultdict(list)
     for r in range(args.rounds):
-        for eye, mp in (cells if r % 2 == 0 else cells[::-1]):
+        for eye, mp in alternate(cells, r):
             swapper.work_eye_px = eye
             renders = sizes[mp]
             with timed_steps(FULL_RESOLUTION_STEPS) as spent:

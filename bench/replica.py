@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.serving.budget import CGROUP_SHARE
 from memory import status_mb
-from report import ROOT, machine, machine_line, write_json
+from report import ROOT, load1, machine, machine_line, write_json
 from serve import Inputs, Pool, free_port, run, server
 
 CONFIGMAP = ROOT / "deploy" / "k8s" / "base" / "configmap.yaml"
@@ -101,7 +101,7 @@ def main() -> None:
     levels: list[dict[str, Any]] = []
     if args.memory:
         ready, levels = memory(env, log, args.duration)
-    result = {"machine": machine(), "load1": Path("/proc/loadavg").read_text().split()[0],
+    result = {"machine": machine(), "load1": load1(),
               "settings": env, "starts": starts, "ready": ready,
               "levels": levels, "limit_mib": LIMIT_MIB, "command": " ".join(sys.argv)}
     write_json("replica" if args.memory and args.starts else "replica-partial", result)

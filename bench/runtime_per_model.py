@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     settings = Settings.from_env(precision="fp32")
     from facefuse.runtime.registry import ModelRegistry
-    from report import machine
+    from report import arguments, machine
 
     manifest = ModelRegistry(settings).manifest
     rows: dict[str, dict[str, dict[str, Any]]] = {}
@@ -208,16 +208,16 @@ def main(argv: list[str] | None = None) -> int:
                     row["file_mb"] = round(files[runtime][name].stat().st_size / 2**20, 1)
                     rows.setdefault(name, {})[f"{runtime} b{b}"] = row
                     print(name, runtime, b, row, flush=True)
-    res = {"machine": machine(), "args": {k: str(v) if isinstance(v, Path) else v
-                                          for k, v in vars(args).items()},
+    res = {"machine": machine(), "args": arguments(args),
            "rows": rows, "wall_s": round(time.monotonic() - t_start, 1)}
     return finish(res, args.out, args.benchmarks)
 
 
 def finish(res: dict[str, Any], out: Path, benchmarks: bool) -> int:
     """JSON and the report of a run."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runtime_per_model.json").write_text(json.dumps(res, indent=2) + "\n")
+    from report import write_json
+
+    write_json("runtime_per_model", res, out)
     text = report(res)
     print(text)
     if benchmarks:

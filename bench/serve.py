@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from facefuse.config import Settings
 from facefuse.imaging.decode import decode_image
 from facefuse.toolchain.samples import fetch_samples
-from report import RESULTS, machine, machine_line, write_json, write_section
+from report import RESULTS, load1, machine, machine_line, write_json, write_section
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 PORTRAITS = ("obama", "obama2", "biden", "obama3")
@@ -213,6 +213,28 @@ def server(env: dict[str, str], log: Path, args: tuple[str, ...] = (),
 # --- load -------------------------------------------------------------------------------------
 
 
+def process_cpu_s(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of ``pids`` so far (``/proc/PID/stat``; a process
+    gone counts nothing)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    user = system = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            user += int(fields[11])
+            system += int(fields[12])
+    return user / tick, system / tick
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """A server variant of the command line: ``name:A=1,B=2`` → ``("name", {"A": "1",
+    "B": "2"})``, the environment of that server (values are split on commas: none in
+    them)."""
+    name, _, rest = text.partition(":")
+    env = dict(item.split("=", 1) for item in rest.split(",") if item)
+    return name, env
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -331,11 +353,6 @@ class Pool:
     def used(self, server: str, row: dict[str, Any]) -> None:
         self.cursor[server] = self.cursor.get(server, 0) + row["requests"] + row["concurrency"]
         self.best_rps = max(self.best_rps, float(row["throughput_rps"]))
-
-
-def load1() -> float:
-    """The 1-minute load average (other work on the machine skews every number)."""
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def run(srv: Server, name: str, pool: Pool, route: str, c: int, duration: float,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
@@ -35,27 +34,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import level
 from facefuse.config import Settings
-from report import ROOT, machine, write_json
-from serve import Inputs, Pool, closed_loop, load1, server
-
-
-def cpu_s(pids: list[int]) -> tuple[float, float]:
-    """User and system CPU seconds of ``pids`` so far."""
-    tick = os.sysconf("SC_CLK_TCK")
-    user = system = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        user += int(fields[11])
-        system += int(fields[12])
-    return user / tick, system / tick
+from report import ROOT, load1, machine, write_json
+from serve import Inputs, Pool, closed_loop, parse_variant, process_cpu_s, server
 
 
 def measured(srv: Any, name: str, pool: Pool, c: int, duration: float) -> dict[str, Any]:
     """One level (bench/ab.py's), with the server's CPU milliseconds per answer (all
     of it, and the system part)."""
-    user0, sys0 = cpu_s(srv.pids())
+    user0, sys0 = process_cpu_s(srv.pids())
     row = level(srv, name, pool, c, duration)
-    user1, sys1 = cpu_s(srv.pids())
+    user1, sys1 = process_cpu_s(srv.pids())
     n = max(1, row["requests"])
     row["cpu_ms_per_req"] = round(1000 * (user1 + sys1 - user0 - sys0) / n, 1)
     row["sys_ms_per_req"] = round(1000 * (sys1 - sys0) / n, 1)
@@ -64,17 +52,9 @@ def measured(srv: Any, name: str, pool: Pool, c: int, duration: float) -> dict[s
     return row
 
 
-#: A variant's key for arguments to ``facefuse serve`` (split on spaces), not the environment.
+#: A variant's key for arguments to ``facefuse serve`` (split on spaces), not the
+#: environment: ``ARGS=--workers 2``.
 ARGS_KEY = "ARGS"
-
-
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    """``name:A=1,B=2`` → ``("name", {"A": "1", "B": "2"})``; ``ARGS=--workers 2``
-    passes ``--workers 2`` to ``facefuse serve`` (values are split on commas: none in
-    them)."""
-    name, _, rest = text.partition(":")
-    env = dict(item.split("=", 1) for item in rest.split(",") if item)
-    return name, env
 
 
 def main() -> None:

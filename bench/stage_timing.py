@@ -29,10 +29,18 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import add_input_options, base_env, export_src, input_flags, inputs_phrase, short_rev
+from ab import add_input_options, base_env, input_flags, inputs_phrase
 from facefuse.config import Settings
-from report import ROOT, machine, machine_line, write_json, write_section
-from serve import Inputs, server
+from report import (
+    ROOT,
+    export_src,
+    machine,
+    machine_line,
+    short_rev,
+    write_json,
+    write_section,
+)
+from serve import Inputs, process_cpu_s, server
 
 STAGES = ("decode", "detect", "mesh", "embed", "fuse", "evaluate", "encode", "total")
 
@@ -45,17 +53,6 @@ def server_timing(header: str) -> dict[str, float]:
         if dur:
             out[name] = float(dur)
     return out
-
-
-def cpu_ms(pids: list[int]) -> float:
-    """User + system CPU time of ``pids`` so far, milliseconds (``/proc/PID/stat``)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total * 1000.0 / tick
 
 
 def main() -> None:
@@ -76,12 +73,13 @@ def main() -> None:
         with httpx.Client(timeout=120) as client:
             for i, (src, tgt) in enumerate(pairs):
                 for name, srv in servers.items():
-                    c0, t0 = cpu_ms(srv.pids()), time.perf_counter()
+                    c0, t0 = sum(process_cpu_s(srv.pids())), time.perf_counter()
                     r = client.post(srv.url + "/v1/fuse", data={"degree": "80"},
                                     files={"source": ("s.jpg", src), "target": ("t.jpg", tgt)})
                     wall = (time.perf_counter() - t0) * 1000.0
                     r.raise_for_status()
-                    cpu = cpu_ms(srv.pids()) - c0  # the response is sent: the work is done
+                    # The response is sent: the work is done.
+                    cpu = (sum(process_cpu_s(srv.pids())) - c0) * 1000.0
                     if i < 3:  # warm-up
                         continue
                     timing = server_timing(r.headers.get("server-timing", ""))

@@ -55,7 +55,7 @@ from facefuse.toolchain.samples import SAMPLES, fetch_samples, identity_of
 from facefuse.toolchain.trials import AFTER, BEFORE, Sample, background_trial
 from facefuse.toolchain.turned import turn_head
 from fuse_quality import crop, pair_row, save_sheet, summary
-from report import RESULTS, machine, machine_line, publish, write_json
+from report import RESULTS, machine, machine_line, parser, publish, write_json
 
 #: Yaw-difference buckets (degrees, lower edges).
 BUCKETS = (0.0, 10.0, 20.0, 30.0, 40.0)
@@ -113,6 +113,7 @@ def fuse_once(fuser: FaceFuser, src: Sample, tgt: Sample, options: FuseOptions
 
 
 def main() -> None:
+    parser(__doc__).parse_args()
     settings = Settings.from_env(threads=1, precision="fp32")
     fuser = FaceFuser(settings)
     photos = {n: decode_image(p) for n, p in

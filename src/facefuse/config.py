@@ -28,7 +28,10 @@ def default_home() -> Path:
 
 #: The Settings fields that model sessions (registry, providers, threads, precision,
 #: shape profiles), the detectors, the decoder limits and the pixel backend are built
-#: from; the others only configure the HTTP service, outputs and templates.
+#: from; the others only configure the HTTP service, outputs and templates. The one
+#: list of what an analysis depends on besides the image, the models and the purpose:
+#: the library shares analysers by it (:meth:`Settings.analysis_key`), the server keys
+#: its analysis cache by it (:func:`facefuse.faces.detectors.analysis_options`).
 ANALYSIS_FIELDS: Final = (
     "home", "models_dir", "threads", "providers", "precision", "io_binding", "pixel_backend",
     "ort_cpu_arena", "optimized_cache", "detector", "det_rotations", "det_score_threshold",
@@ -64,13 +67,10 @@ class Settings:
     ort_cpu_arena: bool = False
     #: Directory where ORT writes optimised graphs / TensorRT engines (None: off).
     optimized_cache: Path | None = None
-    #: ``auto``: BlazeFace full-range where only the largest face is used (sources,
-    #: the target in ``one`` mode), YuNet where every face is (``many`` mode,
-    #: mappings, face listings); see :func:`facefuse.faces.detectors.detector_for`.
-    #: ``full`` (BlazeFace full-range, any distance), ``short`` (selfies) or
-    #: ``yunet`` (libfacedetection's YuNet; see docs/models.md for the comparison)
-    #: force one detector everywhere.
-    detector: Literal["auto", "full", "short", "yunet"] = "auto"
+    #: ``auto``: the detector each purpose calls for (the largest face, or every
+    #: face); a name of :data:`facefuse.faces.detectors.DETECTORS` forces that one
+    #: everywhere. The names are the registry's, checked there when models are built.
+    detector: str = "auto"
     #: When an image has no face upright, try it turned 90°, 270° and 180°.
     det_rotations: bool = True
     det_score_threshold: float = 0.5
@@ -339,8 +339,7 @@ class Settings:
              f"io_binding must be auto|on|off, not {s.io_binding!r}"),
             (s.pixel_backend in ("auto", "opencv", "onnx"),
              f"pixel_backend must be auto|opencv|onnx, not {s.pixel_backend!r}"),
-            (s.detector in ("auto", "full", "short", "yunet"),
-             f"detector must be auto|full|short|yunet, not {s.detector!r}"),
+            (bool(s.detector), "detector must name a detector (auto, or a registered one)"),
             (0.0 < s.det_score_threshold < 1.0, "det_score_threshold must be in (0, 1)"),
             (0.0 < s.det_yunet_score_threshold < 1.0,
              "det_yunet_score_threshold must be in (0, 1)"),

@@ -52,7 +52,7 @@ def _boxes(faces: list[np.ndarray]) -> np.ndarray:
     ("auto", "full", "yunet"), ("full", "full", "full"), ("short", "short", "short"),
     ("yunet", "yunet", "yunet")])
 def test_each_setting_runs_its_detectors(setting: str, largest: str, every: str) -> None:
-    s = Settings(detector=setting)  # type: ignore[arg-type]
+    s = Settings(detector=setting)
     assert (detector_for(s, "largest"), detector_for(s, "all")) == (largest, every)
     assert detectors_in_use(s) == tuple(dict.fromkeys((largest, every)))
 

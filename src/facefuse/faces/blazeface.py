@@ -24,6 +24,7 @@ from typing import Literal
 
 import numpy as np
 
+from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.detector_base import (
     BatchedDetector,
@@ -232,3 +233,19 @@ class BlazeFaceDetector(BatchedDetector):
 
     def merge(self, candidates: Candidates) -> Candidates:
         return weighted_nms(candidates, self.nms_iou)
+
+
+def full_range(model: LoadedModel, settings: Settings) -> BlazeFaceDetector:
+    """BlazeFace full-range (any distance) over ``model``, with ``settings``' score
+    threshold, NMS overlap and tiling size."""
+    return BlazeFaceDetector(model, score_threshold=settings.det_score_threshold,
+                             nms_iou=settings.det_nms_iou,
+                             tile_above=settings.det_tile_above, variant="full")
+
+
+def short_range(model: LoadedModel, settings: Settings) -> BlazeFaceDetector:
+    """BlazeFace short-range (selfies) over ``model``, with ``settings``' score
+    threshold, NMS overlap and tiling size."""
+    return BlazeFaceDetector(model, score_threshold=settings.det_score_threshold,
+                             nms_iou=settings.det_nms_iou,
+                             tile_above=settings.det_tile_above, variant="short")

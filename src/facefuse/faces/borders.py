@@ -7,7 +7,7 @@ third of their size on both axes, YuNet scores many of them 0.3–0.8, below the
 border is kept at :data:`EDGE_SCORE_THRESHOLD`, every other one at the
 detector's own threshold. 0.65, not lower: the cat of the face-free set, its
 face cut by the right edge, scores 0.61 in a turned retry; at 0.65 no
-face-free photo gains a detection (``bench/edge_recall.py``).
+face-free photo gains a detection (BENCHMARKS.md, "edge_recall").
 
 A box "reaches past the border" when the model's regressed box (before it is
 clipped to the image) extends outside it: the model places the unseen part of

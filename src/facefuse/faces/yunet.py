@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.faces.borders import EDGE_SCORE_THRESHOLD, confident, fragments
 from facefuse.faces.detector_base import (
@@ -197,3 +198,10 @@ class YuNetDetector(BatchedDetector):
         kept = greedy_nms(candidates, self.nms_iou)
         ok = ~fragments(kept.boxes, kept.scores, self.score_threshold)
         return Candidates(kept.boxes[ok], kept.keypoints[ok], kept.scores[ok])
+
+
+def from_settings(model: LoadedModel, settings: Settings) -> YuNetDetector:
+    """YuNet over ``model``, with ``settings``' YuNet score threshold and tiling size
+    (never below its input side: a smaller tile would only shrink the faces)."""
+    return YuNetDetector(model, score_threshold=settings.det_yunet_score_threshold,
+                         tile_above=max(settings.det_tile_above, INPUT_SIZE))

@@ -32,7 +32,7 @@ _CONTENT_TYPES: Final[dict[str, str]] = {
 _ALIASES: Final[dict[str, str]] = {"jpg": "jpeg"}
 
 #: zlib level for PNG (1 fastest .. 9 smallest). 2, not zlib's usual 6: at 1–2 MP
-#: a fused photo costs 132 ms of CPU instead of 479 (bench/codecs.py, median of 8
+#: a fused photo costs 132 ms of CPU instead of 479 (BENCHMARKS.md, median of 8
 #: portraits) for a file 15 % larger (1.58 vs 1.37 MB); levels 1–3 are zlib's fast
 #: deflate, 4–9 its slow one. The pixels are the same at every level.
 PNG_COMPRESS_LEVEL: Final = 2

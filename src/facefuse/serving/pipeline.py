@@ -47,7 +47,7 @@ from facefuse.config import Settings
 from facefuse.errors import ImageTooLargeError
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser, StageTimer
-from facefuse.faces.detectors import Purpose, detector_for
+from facefuse.faces.detectors import Purpose, analysis_options
 from facefuse.faces.stages import Done, FaceModels, ModelCall, Stage
 from facefuse.faces.types import Face
 from facefuse.fusion.engine import FaceFuser
@@ -493,13 +493,7 @@ class Pipeline:
     # --- analysis ----------------------------------------------------------------------
 
     def _l1_key(self, digest: str, purpose: Purpose, tenant: str = "") -> str:
-        # The detector actually run, not the setting, and the purpose: a largest-face
-        # analysis stops at the whole-image pass (see stages.detect's coarse_first).
-        s = self.settings
-        options = {"detector": detector_for(s, purpose), "purpose": purpose,
-                   "rotations": s.det_rotations,
-                   "score": s.det_score_threshold, "yunet_score": s.det_yunet_score_threshold,
-                   "nms": s.det_nms_iou, "tile_above": s.det_tile_above}
+        options = analysis_options(self.settings, purpose)
         if tenant:  # one tenant's uploads never answer another's lookups
             options["tenant"] = tenant
         return analysis_key(digest, self._versions, options)
@@ -509,7 +503,7 @@ class Pipeline:
         purpose: Purpose = "largest",
     ) -> Analysis:
         """Faces of one decoded image, largest first, through L1 and the batchers,
-        found by the detector for ``purpose`` (:func:`detector_for`)."""
+        found by the detector for ``purpose`` (:func:`~facefuse.faces.detectors.detector_for`)."""
         key = self._l1_key(digest, purpose, ctx.tenant)
         cached = self.l1.get(key)
         if cached is not None and (cached.embedded or not embed):

@@ -31,7 +31,6 @@ from onnxruntime.quantization import CalibrationDataReader
 
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.faces.blazeface import BlazeFaceDetector
 from facefuse.faces.detector_base import Letterbox
 from facefuse.faces.detectors import Detector
 from facefuse.faces.landmarker import EYE_CORNERS
@@ -239,7 +238,7 @@ def build_stage_data(
     photos: Mapping[str, np.ndarray],
     plan: DataPlan,
     *,
-    detectors: Mapping[str, BlazeFaceDetector] | None = None,
+    detectors: Mapping[str, Detector] | None = None,
     identities: Mapping[str, str] | None = None,
 ) -> StageData:
     """Augment the plan's photos and record every model's real input.

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from facefuse.config import Settings
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.faces.blazeface import BlazeFaceDetector
+from facefuse.faces.detectors import detector_of_model
 from facefuse.faces.landmarker import project
 from facefuse.fusion.engine import FaceFuser
 from facefuse.runtime.files import sha256_file
@@ -120,10 +120,7 @@ class Evaluator:
         return run_batched(model, self.data.tensors(name))[0]
 
     def _detections(self, name: str, model: LoadedModel) -> list[tuple[np.ndarray, np.ndarray]]:
-        variant: Literal["full", "short"] = (
-            "short" if model.spec.extra.get("variant") == "short" else "full")
-        det = BlazeFaceDetector(model, score_threshold=self.settings.det_score_threshold,
-                           nms_iou=self.settings.det_nms_iou, variant=variant)
+        det = detector_of_model(model, self.settings)
         out: list[tuple[np.ndarray, np.ndarray]] = []
         for item in self.data.detect[name]:
             regs, scores = model.run(np.ascontiguousarray(item.tensors, np.float32))[:2]

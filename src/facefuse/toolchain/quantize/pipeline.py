@@ -34,7 +34,7 @@ from typing import Any
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError, QuantizationGateError
 from facefuse.faces.analyser import FaceAnalyser
-from facefuse.faces.blazeface import BlazeFaceDetector
+from facefuse.faces.detectors import detector_of_model
 from facefuse.runtime.manifest import Manifest, ModelSpec
 from facefuse.runtime.registry import ModelRegistry
 from facefuse.toolchain.host import describe_line
@@ -283,12 +283,11 @@ class Quantizer:
             return self._calibration, self._evaluation
         photos = load_photos(self.photo_paths)
         analyser = FaceAnalyser(self.ref_settings, self.registry)
-        extra = {}
-        if "blazeface_short" in self.options.models:
-            extra["blazeface_short"] = BlazeFaceDetector(
-                self.registry.get("blazeface_short"), variant="short",
-                score_threshold=self.settings.det_score_threshold,
-                nms_iou=self.settings.det_nms_iou)
+        # The other detectors quantized record their inputs beside the analyser's.
+        own = analyser.models.detector.model.spec.name
+        extra = {name: detector_of_model(self.registry.get(name), self.settings)
+                 for name in self.options.models
+                 if MODEL_TASKS.get(name) == "detect" and name != own}
         names = sorted(photos)
         cal = self._calibration or build_stage_data(
             analyser, photos, calibration_plan(names, self.options.calibration_per_photo),
