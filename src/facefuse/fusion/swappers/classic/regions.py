@@ -718,7 +718,8 @@ def _glasses(image: np.ndarray, lm: np.ndarray) -> np.ndarray:
 
 def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1.0,
                    glasses: bool = False, facial_hair: bool = False, hairline: bool = False,
-                   rim_grow: float = 0.0, openings: bool = False) -> np.ndarray:
+                   rim_grow: float = 0.0, openings: bool = False,
+                   colour: bool = True) -> np.ndarray:
     """(H, W) float32: :func:`facefuse.fusion.swappers.classic.occlusion.occluder_mask` together
     with the face's glasses, facial hair and/or scalp hair at its outline
     (``hairline``) as regions, on the same crop and scale
@@ -729,10 +730,14 @@ def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1
     see :func:`facefuse.fusion.swappers.classic.occlusion.occluders_on_crop`;
     ``openings``: the glasses and facial hair less the eyes and lips
     (:func:`without_openings`; on a target: what covers an eye or the mouth as a
-    whole, sunglasses or a hand, is still found by the occluder rule)."""
+    whole, sunglasses or a hand, is still found by the occluder rule). Without
+    ``colour`` (a black-and-white photo) the occluder rule, whose skin model is a
+    colour model, is left out: on grey skin it read the shaded cheeks and brow as
+    occluders, kept as the target's blotches."""
     lm = np.asarray(landmarks, np.float64)
-    finders: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = [
-        functools.partial(occ.occluders_on_crop, rim_grow=rim_grow)]
+    finders: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = []
+    if colour:
+        finders.append(functools.partial(occ.occluders_on_crop, rim_grow=rim_grow))
     if facial_hair:
         finders.append(facial_hair_mask if not openings else
                        lambda crop, crop_lm: without_openings(facial_hair_mask(crop, crop_lm),
@@ -741,7 +746,8 @@ def face_occluders(image: np.ndarray, landmarks: np.ndarray, *, scale: float = 1
         finders.append(hairline_mask)
 
     def union(crop: np.ndarray, crop_lm: np.ndarray) -> np.ndarray:
-        out: np.ndarray = np.maximum.reduce([f(crop, crop_lm) for f in finders])
+        out: np.ndarray = np.maximum.reduce(
+            [f(crop, crop_lm) for f in finders] or [np.zeros(crop.shape[:2], np.float32)])
         return out
 
     found = occ.on_face_crop(image, lm, union, scale=scale)

@@ -383,7 +383,8 @@ def _target_occluders(image: np.ndarray, landmarks: np.ndarray, options: FuseOpt
     face, less the eye openings and the lips) and, apart, its facial hair (or None
     when not looked for): the beard is laid over the fused face as the photo's
     shading of it (:func:`_with_hair`), never kept as the target's pixels."""
-    kept = regions.face_occluders(image, landmarks, glasses=options.glasses, openings=True)
+    kept = regions.face_occluders(image, landmarks, glasses=options.glasses, openings=True,
+                                  colour=not is_monochrome(image))
     if not options.finds_facial_hair(source=False):
         return kept, None
     hair = regions.facial_hair_regions(image, landmarks)
@@ -683,7 +684,8 @@ class ClassicSwapper:
             elif carried is not None and options.keep_target_occluders:
                 # What moves on its own is found here; glasses and facial hair come
                 # from the frame they were found on, moved with the face.
-                tgt_occ = regions.face_occluders(tgt_img, tgt_local)
+                tgt_occ = regions.face_occluders(tgt_img, tgt_local,
+                                                 colour=not is_monochrome(tgt_img))
                 worn = carried.mask_onto(tgt_lm, (x0, y0), frame.ratio, frame.small)
                 if worn is not None:
                     np.maximum(tgt_occ, worn, out=tgt_occ)
