@@ -134,8 +134,9 @@ class FuseOptions:
     facial_hair: FacialHairMode = _option(
         "both", cli="--facial-hair", cli_bare="both", legacy=((True, "both"), (False, "off")),
         help=("Facial hair (beard, moustache, stubble) found as regions. both: the "
-              "target's is kept bit-exact and the source's never carried (a stubbled "
-              "source then loses its stubble's shading, and some identity); target: only "
+              "target's is laid over the fused face, strand for strand, and the "
+              "source's never carried (a stubbled source then loses its stubble's "
+              "shading, and some identity); target: only "
               "the target's is looked for (a bearded source's beard is carried like its "
               "skin); off: neither (a dense beard still counts as an occluder). true and "
               "false are read as both and off."))
