@@ -389,7 +389,7 @@ def cmd_video(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from facefuse.serving.worker import run_worker
+    from facefuse.serving.jobs.worker import run_worker
 
     return run_worker(_settings(args), metrics_port=args.metrics_port)
 

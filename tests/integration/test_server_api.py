@@ -380,7 +380,7 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
 def test_parts_are_bounded_and_json_fields_are_never_coerced(
     client: httpx.Client, photos: dict[str, bytes]
 ) -> None:
-    from facefuse.serving.inputs import MAX_PARTS
+    from facefuse.serving.http.inputs import MAX_PARTS
 
     files = {"source": ("s.jpg", photos["obama"]), "target": ("t.jpg", photos["biden"])}
     extra = {f"x{i}": "1" for i in range(MAX_PARTS - 1)}  # 33 parts with the two images

@@ -17,7 +17,7 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError, NoFaceError
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.types import FuseOptions, option_specs
-from facefuse.serving.schemas import FuseParams
+from facefuse.serving.routes.schemas import FuseParams
 
 # --- one declaration --------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ MIN_FACE_SIZE_RANGE = (16.0, 1024.0)
 @dataclass(frozen=True)
 class OptionSpec:
     """How one :class:`FuseOptions` field is offered to callers: the single
-    declaration the HTTP schema (``facefuse.serving.schemas.FuseParams``), the CLI
+    declaration the HTTP schema (``facefuse.serving.routes.schemas.FuseParams``), the CLI
     flags (``facefuse fuse``) and the validation in :class:`FuseOptions` are made from.
 
     Attributes:

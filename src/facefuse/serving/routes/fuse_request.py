@@ -3,7 +3,7 @@
 Images: ``source`` and optionally ``source_1`` … ``source_5`` (without a mapping:
 photos of one person, the best face is used; with a mapping: indexed 0 … 5), an
 optional ``reference``, and ``target`` where the route takes one. Options:
-:class:`~facefuse.serving.schemas.FuseParams`.
+:class:`~facefuse.serving.routes.schemas.FuseParams`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from facefuse.fusion.mapping import MAX_MAPPINGS, FacePair, parse_mapping
 from facefuse.fusion.swappers import SwapperInfo
 from facefuse.fusion.types import FuseOptions
 from facefuse.serving.cache.keys import sha256_hex
-from facefuse.serving.inputs import read_request, validate_params
-from facefuse.serving.schemas import FuseParams
+from facefuse.serving.http.inputs import read_request, validate_params
+from facefuse.serving.routes.schemas import FuseParams
 
 __all__ = ["SOURCE_FIELDS", "FuseRequest", "check_reference", "numbered_sources",
            "read_fuse_request", "request_mapping"]

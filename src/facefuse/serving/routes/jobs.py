@@ -51,17 +51,19 @@ from facefuse.errors import (
     VideoUnavailableError,
 )
 from facefuse.imaging.decode import DecodeLimits, check_encoded
-from facefuse.serving.fuse_request import (
+from facefuse.serving.api_keys import bearer_token
+from facefuse.serving.http.inputs import read_request, validate_params
+from facefuse.serving.jobs.queue import broker, enqueue
+from facefuse.serving.jobs.store import FINAL, JobStore, job_options, request_digest
+from facefuse.serving.routes.fuse_request import (
     SOURCE_FIELDS,
     check_reference,
     numbered_sources,
     request_mapping,
 )
-from facefuse.serving.inputs import read_request, validate_params
-from facefuse.serving.jobs import FINAL, JobStore, broker, enqueue, job_options, request_digest
-from facefuse.serving.routes import _ERRORS, require_key
-from facefuse.serving.schemas import ErrorBody, FuseParams, image_request_body
-from facefuse.serving.security import bearer_token
+from facefuse.serving.routes.requests import require_key
+from facefuse.serving.routes.responses import ERRORS
+from facefuse.serving.routes.schemas import ErrorBody, FuseParams, image_request_body
 from facefuse.serving.state import services
 from facefuse.video.codecs import ENCODERS, check_container, pyav
 from facefuse.video.io import VideoInfo, VideoLimits, probe
@@ -75,7 +77,7 @@ MAX_IDEMPOTENCY_KEY = 200
 
 router = APIRouter(
     prefix="/v1", dependencies=[Depends(require_key)], tags=["jobs"],
-    responses={**_ERRORS,
+    responses={**ERRORS,
                404: {"model": ErrorBody, "description": "No such job (or another key's)"},
                409: {"model": ErrorBody, "description": "The job has no result (yet); or an "
                      "Idempotency-Key used before for another request"}})
