@@ -56,7 +56,7 @@ from facefuse.fusion.carry import Carried
 from facefuse.fusion.engine import FaceFuser, blend_layer
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.mapping import FacePair, iou, parse_mapping
-from facefuse.fusion.select import check_usable, pick_source, usability_error
+from facefuse.fusion.select import check_reference, check_usable, pick_source, usability_error
 from facefuse.fusion.swappers.base import FaceLayer, Swapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import ImageInput
@@ -299,10 +299,9 @@ class ClipFusion:
                 check_usable(face, "source", fo.min_face_size)
                 self.sources[p.target] = _Source(decoded[p.source], face, p.target)
         self.reference: Face | None = None
+        check_reference(fo.mode, reference is not None, self.pairs is not None)
         if fo.mode == "reference" and self.pairs is None:
-            if reference is None:
-                raise InvalidArgumentError("mode 'reference' needs a reference image",
-                                           code="reference_required")
+            assert reference is not None  # check_reference
             ref = self.analyser.analyse(reference, purpose="largest")
             if not ref:
                 raise FaceError("no face found in the reference image",

@@ -2,7 +2,8 @@
 
 Each entry is a middleware class (most are :class:`~.base.HttpMiddleware` s) or
 factory, called as ``entry(app, services)``; the first wraps all the others. Adding a
-middleware is its own module here and one line in :data:`MIDDLEWARE`. Inside the last one, FastAPI's routing and the error handlers of
+middleware is its own module here and one line in :data:`MIDDLEWARE`. Inside the last
+one, FastAPI's routing and the error handlers of
 :mod:`~facefuse.serving.http.error_handlers` run.
 """
 

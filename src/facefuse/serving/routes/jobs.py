@@ -50,6 +50,7 @@ from facefuse.errors import (
     VideoTooLargeError,
     VideoUnavailableError,
 )
+from facefuse.fusion.select import check_reference
 from facefuse.imaging.decode import DecodeLimits, check_encoded
 from facefuse.serving.api_keys import bearer_token
 from facefuse.serving.http.inputs import read_request, validate_params
@@ -57,7 +58,6 @@ from facefuse.serving.jobs.queue import broker, enqueue
 from facefuse.serving.jobs.store import FINAL, JobStore, job_options, request_digest
 from facefuse.serving.routes.fuse_request import (
     SOURCE_FIELDS,
-    check_reference,
     numbered_sources,
     request_mapping,
 )
@@ -200,7 +200,7 @@ async def create_job(request: Request) -> JSONResponse:
     # renders with the one the request meant, whatever its own default.
     raw["swapper"] = svc.require_pipeline().fuser.resolve(video.fuse).swapper
     mapping = request_mapping(params.mapping, len(numbered_sources(files)))
-    check_reference(video.fuse.mode, files.get("reference"), mapping)
+    check_reference(video.fuse.mode, "reference" in files, mapping is not None)
     _check_images(files, video.fuse.mode, DecodeLimits.from_settings(settings))
     frames = 1
     if kind == "clip":
