@@ -71,6 +71,7 @@ from facefuse.video.io import (
     VideoWriter,
     probe,
 )
+from facefuse.video.options import VideoOptions
 from facefuse.video.smoothing import ToneStabiliser
 from facefuse.video.tracker import Track, Tracker, carried_eyes, detection_from_mesh
 
@@ -101,54 +102,6 @@ def frame_threads_only() -> None:
     14.0 → 14.7 fps after start-up). A photo fused in such a process runs on one
     OpenCV thread too."""
     cv2.setNumThreads(1)
-
-
-@dataclass(frozen=True)
-class VideoOptions:
-    """How to fuse a clip.
-
-    Attributes:
-        fuse: the fusion options, as for a photo (``evaluate`` is ignored).
-        encoder: ``vp9`` (default), ``av1`` or ``x264`` (see :mod:`facefuse.video.codecs`).
-        detect_every: frames between detection passes while every face is tracked
-            (1: detect on every frame).
-        smooth: 1€ smoothing of landmarks and tone (off: each frame's raw fit).
-        window: frames in flight between the decoder, the fusion and the encoder.
-        threads: frames rendered at once (the renders of frame ``n`` overlap the
-            tracking of frame ``n + 1``; 1: one frame at a time).
-        processes: render those frames in as many forked child processes rather
-            than in threads of this one (on Linux, when the swapper's render is
-            safe in a forked child: the classic swapper on OpenCV's pixels; else
-            threads). A render holds the GIL for about half its time: two threads
-            used ~1.7 of 2 cores (the 720p bench clip without codecs: 25 → 32 fps,
-            the frames bit-identical).
-        iris_every: between detections, the iris model runs on a tracked face every
-            this many frames (1: every frame); on the frames between, the last
-            frame's irises and eye contours move with the eyes, unless an eye moved
-            or changed shape (a blink) too much to carry them.
-        regions_every: a fused face's glasses, facial hair and iris colour are
-            found every this many frames and moved with the face between
-            (:mod:`facefuse.fusion.carry`; sooner when the face turns, changes
-            expression or size; 1: found on every frame, as for a photo).
-    """
-
-    fuse: FuseOptions = field(default_factory=FuseOptions)
-    encoder: str = DEFAULT_ENCODER
-    detect_every: int = 10
-    smooth: bool = True
-    window: int = 8
-    threads: int = 2
-    iris_every: int = 2
-    regions_every: int = 4
-    processes: bool = True
-
-    def __post_init__(self) -> None:
-        for name, high in (("detect_every", 300), ("window", 64), ("threads", 16),
-                           ("iris_every", 10), ("regions_every", 30)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or not 1 <= value <= high:
-                raise InvalidArgumentError(f"{name} must be an integer in 1..{high}",
-                                           code=f"invalid_{name}")
 
 
 @dataclass

@@ -42,9 +42,9 @@ from facefuse.errors import (
     JobNotFoundError,
     OverloadedError,
 )
-from facefuse.fusion.types import FuseOptions
+from facefuse.fusion.types import FuseOptions, declared
 from facefuse.serving.jobs.queue import jobs_redis_url
-from facefuse.video.engine import VideoOptions
+from facefuse.video.options import VideoOptions
 
 __all__ = ["FINAL", "JobRecord", "JobState", "JobStore", "job_options", "new_job_id",
            "request_digest"]
@@ -412,9 +412,8 @@ def job_options(raw: Mapping[str, Any], kind: str
     output format, quality). Raises the typed errors of the option classes."""
     fuse = FuseOptions(**{k: v for k, v in raw.items() if k in _FUSE_FIELDS - {"evaluate"}},
                        evaluate=False)
-    video = VideoOptions(fuse=fuse, encoder=str(raw.get("encoder", "vp9")),
-                         detect_every=int(raw.get("detect_every", 10)),
-                         smooth=bool(raw.get("smooth", True)))
+    video = VideoOptions(fuse=fuse, **{f.name: raw[f.name] for f, spec, _ in
+                                       declared(VideoOptions) if spec.http and f.name in raw})
     fmt = str(raw.get("format", "jpeg")) if kind == "image" else str(
         raw.get("container") or "mp4")
     return video, raw.get("mapping"), fmt, int(raw.get("quality", 92))

@@ -63,7 +63,7 @@ from facefuse.serving.routes.fuse_request import (
 )
 from facefuse.serving.routes.requests import require_key
 from facefuse.serving.routes.responses import ERRORS
-from facefuse.serving.routes.schemas import ErrorBody, FuseParams, image_request_body
+from facefuse.serving.routes.schemas import ErrorBody, VideoParams, image_request_body
 from facefuse.serving.state import services
 from facefuse.video.codecs import ENCODERS, check_container, pyav
 from facefuse.video.io import VideoInfo, VideoLimits, probe
@@ -83,19 +83,13 @@ router = APIRouter(
                      "Idempotency-Key used before for another request"}})
 
 
-class JobParams(FuseParams):
+class JobParams(VideoParams):
     """Options of ``POST /v1/jobs``: those of ``/v1/fuse`` (``format`` and
     ``quality`` for an image job) and, for a clip, these."""
 
-    encoder: Literal["vp9", "av1", "x264"] = Field(
-        "vp9", description="Video encoder: vp9 (BSD), av1 (BSD + AOMedia patent licence) "
-        "or x264 (GPL).")
     container: Literal["mp4", "webm", "mkv", "mov"] = Field(
         "mp4", description="Output container of a clip (audio is copied: webm holds only "
         "Opus/Vorbis audio).")
-    detect_every: int = Field(10, ge=1, le=300, description="Frames between detection "
-                              "passes while every face is tracked.")
-    smooth: bool = Field(True, description="Temporal smoothing of landmarks and tone.")
 
 
 class _Jobs:
@@ -206,7 +200,7 @@ async def create_job(request: Request) -> JSONResponse:
     if kind == "clip":
         info = await asyncio.to_thread(_probe_clip, files["clip"],
                                        VideoLimits.from_settings(settings))
-        check_container(f".{params.container}", ENCODERS[params.encoder],
+        check_container(f".{params.container}", ENCODERS[video.encoder],
                         info.audio_codec if info is not None else None)
         frames = info.expected_frames if info is not None else 0
     job_id, created = await _redis(jobs.store.create, owner, kind, files, raw, frames, idem,

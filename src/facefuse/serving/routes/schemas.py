@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
-from facefuse.fusion.types import FuseOptions, option_specs, option_type
+from facefuse.fusion.types import FuseOptions, declared
 from facefuse.serving.http.inputs import MAX_JSON_DEPTH, json_too_deep
+from facefuse.video.options import VideoOptions
 
 __all__ = [
     "EmbedParams",
@@ -24,6 +25,7 @@ __all__ = [
     "FuseParams",
     "Params",
     "VerifyParams",
+    "VideoParams",
     "image_request_body",
 ]
 
@@ -34,13 +36,13 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def _option_fields() -> dict[str, Any]:
-    """The pydantic fields of every fusion option offered over HTTP, made from
-    :class:`FuseOptions`'s declaration (type, default, range, description)."""
+def _option_fields(options: type) -> dict[str, Any]:
+    """The pydantic fields of every option of ``options`` (:class:`FuseOptions`,
+    :class:`VideoOptions`) offered over HTTP, made from its declaration (type, default,
+    range, description)."""
     out: dict[str, Any] = {}
-    for f, spec in option_specs():
+    for f, spec, hint in declared(options):
         if spec.http:
-            hint = option_type(f.name)
             for kind in {type(old) for old, _ in spec.legacy}:  # old spellings still taken
                 hint = hint | kind
             out[f.name] = (hint, Field(
@@ -51,7 +53,8 @@ def _option_fields() -> dict[str, Any]:
 if TYPE_CHECKING:
     FuseOptionParams = Params
 else:
-    FuseOptionParams = create_model("FuseOptionParams", __base__=Params, **_option_fields())
+    FuseOptionParams = create_model("FuseOptionParams", __base__=Params,
+                                    **_option_fields(FuseOptions))
 
 
 # The fusion options (declared once, on FuseOptions), then the output and the mapping.
@@ -95,6 +98,14 @@ class FuseParams(FuseOptionParams):
             v = v.strip().lower()
             return "jpeg" if v == "jpg" else v
         return v
+
+
+# A clip's options (declared once, on VideoOptions) besides those of a fusion.
+if TYPE_CHECKING:
+    VideoParams = FuseParams
+else:
+    VideoParams = create_model("VideoParams", __base__=FuseParams,
+                               **_option_fields(VideoOptions))
 
 
 class FacesParams(Params):
