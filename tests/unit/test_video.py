@@ -31,7 +31,8 @@ from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.types import FuseOptions
 from facefuse.video import processes as forked
-from facefuse.video.engine import ClipFusion, FrameStats, VideoFuser, VideoOptions
+from facefuse.video.engine import ClipFusion, FrameStats, VideoOptions
+from facefuse.video.fuser import VideoFuser
 from facefuse.video.io import Frame, VideoLimits, VideoReader, VideoWriter, probe
 from facefuse.video.smoothing import OneEuroFilter
 from facefuse.video.tracker import carried_eyes
