@@ -271,7 +271,8 @@ def run_warm(kind: str, clip: Path, out: Path) -> dict[str, Any]:
     measured one, its fps and CPU ms per frame (``kind``: ``engine`` or ``naive``)."""
     from facefuse.config import Settings
     from facefuse.fusion.engine import FaceFuser
-    from facefuse.video.fuser import VideoFuser, frame_threads_only
+    from facefuse.video.engine import frame_threads_only
+    from facefuse.video.fuser import VideoFuser
 
     if kind not in ("engine", "naive"):
         raise ValueError(f"no such loop: {kind}")
@@ -294,7 +295,7 @@ def run_long(clip: Path, out: Path) -> dict[str, Any]:
     """One engine run, nothing else: fps and CPU ms per frame (peak RSS by the caller)."""
     from facefuse.config import Settings
     from facefuse.fusion.engine import FaceFuser
-    from facefuse.video.fuser import frame_threads_only
+    from facefuse.video.engine import frame_threads_only
 
     frame_threads_only()  # as the worker and `facefuse video` do
     settings = Settings.from_env()

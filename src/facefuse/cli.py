@@ -356,7 +356,8 @@ def cmd_video(args: argparse.Namespace) -> int:
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.mapping import parse_cli_pair
     from facefuse.video.codecs import ENCODERS, pyav
-    from facefuse.video.fuser import VideoFuser, frame_threads_only
+    from facefuse.video.engine import frame_threads_only
+    from facefuse.video.fuser import VideoFuser
     from facefuse.video.options import VideoOptions
 
     if args.list_encoders:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from facefuse.errors import CancelledError
@@ -43,21 +42,7 @@ from facefuse.video.io import (
 )
 from facefuse.video.options import VideoOptions
 
-__all__ = ["Progress", "VideoFuser", "VideoReport", "frame_threads_only"]
-
-
-def frame_threads_only() -> None:
-    """Turn OpenCV's own thread pool off, for a process whose work is clips: call it
-    once at the start, before other threads run (OpenCV's thread count must not
-    change while another thread is in OpenCV). The ``facefuse video`` command and
-    the job worker do.
-
-    A clip renders :attr:`VideoOptions.threads` frames at once beside the tracking
-    and the encoder: OpenCV's pool on top of them only oversubscribes the cores
-    (720p bench clip, whole engine, eight paired runs: 126 → 116 CPU ms a frame,
-    14.0 → 14.7 fps after start-up). A photo fused in such a process runs on one
-    OpenCV thread too."""
-    cv2.setNumThreads(1)
+__all__ = ["Progress", "VideoFuser", "VideoReport"]
 
 
 @dataclass

@@ -90,7 +90,8 @@ from facefuse.imaging.output import OutputPolicy
 from facefuse.serving.heap import release_free_heap
 from facefuse.serving.jobs.queue import ACTOR, QUEUE, broker
 from facefuse.serving.jobs.store import JobStore, job_options
-from facefuse.video.fuser import VideoFuser, frame_threads_only
+from facefuse.video.engine import frame_threads_only
+from facefuse.video.fuser import VideoFuser
 
 __all__ = ["JobRunner", "WorkClock", "run_worker", "tree_pss_mb"]
 
