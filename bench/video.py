@@ -4,7 +4,7 @@ For each size (480p, 720p, 1080p: a moving face of about 200 px at 720p, scaled
 with the frame) a clip is made from a sample photo with PyAV
 (:mod:`facefuse.toolchain.clips`), then fused
 
-* by ``facefuse video`` (:class:`~facefuse.video.engine.VideoFuser`: the source
+* by ``facefuse video`` (:class:`~facefuse.video.fuser.VideoFuser`: the source
   analysed once and its render-side work memoised, detection every 10 frames,
   the mesh tracked, 1€ smoothing, decode/render/encode threads), with 1 and 2
   worker processes at once (each its own clip; frames/s summed), and
@@ -151,9 +151,9 @@ class TreeMemory:
 
 def engine_job(fuser: Any, source: Path, clip: Path, out: Path) -> tuple[Any, dict[str, Any]]:
     """``facefuse video``'s engine fusing ``source`` into ``clip`` with ``fuser`` (a
-    FaceFuser), timed: its :class:`~facefuse.video.engine.VideoReport` and fps, frames,
+    FaceFuser), timed: its :class:`~facefuse.video.fuser.VideoReport` and fps, frames,
     the after-start-up rates, CPU ms per frame and the frames fused."""
-    from facefuse.video.engine import VideoFuser
+    from facefuse.video.fuser import VideoFuser
 
     t0, c0 = time.perf_counter(), cpu_seconds()
     clock = FrameClock()
@@ -271,7 +271,8 @@ def run_warm(kind: str, clip: Path, out: Path) -> dict[str, Any]:
     measured one, its fps and CPU ms per frame (``kind``: ``engine`` or ``naive``)."""
     from facefuse.config import Settings
     from facefuse.fusion.engine import FaceFuser
-    from facefuse.video.engine import VideoFuser, frame_threads_only
+    from facefuse.video.engine import frame_threads_only
+    from facefuse.video.fuser import VideoFuser
 
     if kind not in ("engine", "naive"):
         raise ValueError(f"no such loop: {kind}")

@@ -8,7 +8,7 @@ While each runs, the worker's tree is sampled from ``/proc`` every 0.1 s: the su
 the worker and its live children (the clip's render processes) of ``Pss`` from
 ``smaps_rollup`` (shared pages counted once, split among the processes mapping
 them: what the tree takes from its container; the measure the worker's soft limit
-uses, :func:`facefuse.serving.worker.tree_pss_mb`) and of ``VmRSS`` (pages shared
+uses, :func:`facefuse.serving.jobs.worker.tree_pss_mb`) and of ``VmRSS`` (pages shared
 with a forked child counted again in each: an upper bound). Reported per job: the peak of
 both sums, the worker's own peak RSS, and the tree's PSS when idle before and
 after the job (memory given back).
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from facefuse.serving.worker import tree_pss_mb
+from facefuse.serving.jobs.worker import tree_pss_mb
 from report import machine, machine_line, publish, write_json
 
 DEFAULT_SIZES = "1280x720,1920x1080,1080x1920,1920x1920,1920x1920:0.5"
@@ -91,7 +91,8 @@ def free_port() -> int:
 
 def run(sizes: list[str], frames: int, repeat: int, env: dict[str, str]) -> dict[str, Any]:
     from facefuse.config import Settings
-    from facefuse.serving.jobs import JobStore, broker, enqueue
+    from facefuse.serving.jobs.queue import broker, enqueue
+    from facefuse.serving.jobs.store import JobStore
 
     tmp = Path(tempfile.mkdtemp(prefix="worker-memory-"))
     port = free_port()

@@ -115,6 +115,7 @@ def fuse(
     contradict each other (``options_conflict``).
     """
     from facefuse.errors import InvalidArgumentError
+    from facefuse.fusion.select import check_reference
     from facefuse.fusion.types import FuseOptions, option_specs
 
     known = {f.name for f, _ in option_specs()}
@@ -124,12 +125,8 @@ def fuse(
                                    f"(known: {', '.join(sorted(known))})",
                                    code="unknown_option")
     if reference is not None:
-        mode = options.setdefault("mode", "reference")
-        if mode != "reference" or mapping is not None:
-            raise InvalidArgumentError(
-                "a reference image picks the face to replace in mode 'reference'; "
-                + ("a mapping names the faces itself" if mapping is not None
-                   else f"mode {mode!r} would ignore it"), code="options_conflict")
+        options.setdefault("mode", "reference")
+        check_reference(options["mode"], True, mapping is not None)
     return default_fuser(settings).fuse(source, target, FuseOptions(**options),
                                         reference=reference, mapping=mapping)
 

@@ -177,20 +177,29 @@ def cmd_analyse(args: argparse.Namespace) -> int:
 
 
 def _fuse_options(args: argparse.Namespace) -> FuseOptions:
-    """The fusion options of the flags :func:`_add_fuse_option_flags` declared."""
-    from facefuse.fusion.types import FuseOptions, option_specs
+    """The fusion options of the flags :func:`_add_option_flags` declared."""
+    from facefuse.fusion.types import FuseOptions
 
-    return FuseOptions(**{f.name: getattr(args, f.name) for f, spec in option_specs()
-                          if spec.cli is not None})
+    return FuseOptions(**_option_values(args, FuseOptions))
 
 
-def _add_fuse_option_flags(parser: argparse._ActionsContainer) -> None:
-    """One flag per fusion option with a CLI name, made from its declaration on
-    :class:`~facefuse.fusion.types.FuseOptions` (``--no-…`` switches a default-on
-    option off). Ranges are checked by FuseOptions, so a bad value is its typed error."""
-    from facefuse.fusion.types import option_specs, option_type
+def _option_values(args: argparse.Namespace, options: type) -> dict[str, Any]:
+    """The values of the flags of ``options`` that :func:`_add_option_flags` declared."""
+    from facefuse.fusion.types import declared
 
-    for f, spec in option_specs():
+    return {f.name: getattr(args, f.name) for f, spec, _ in declared(options)
+            if spec.cli is not None}
+
+
+def _add_option_flags(parser: argparse._ActionsContainer, options: type) -> None:
+    """One flag per option of ``options`` with a CLI name, made from its declaration
+    (:class:`~facefuse.fusion.types.FuseOptions`, a clip's
+    :class:`~facefuse.video.options.VideoOptions`; ``--no-…`` switches a default-on
+    option off). Ranges are checked by the options class, so a bad value is its typed
+    error."""
+    from facefuse.fusion.types import declared
+
+    for f, spec, hint in declared(options):
         if spec.cli is None:
             continue
         kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": spec.help}
@@ -204,7 +213,6 @@ def _add_fuse_option_flags(parser: argparse._ActionsContainer) -> None:
             continue
         if f.default is not None:
             kw["help"] = f"{spec.help} (default %(default)s)"
-        hint = option_type(f.name)
         if get_origin(hint) is Literal:
             kw["choices"] = list(get_args(hint))
         else:
@@ -348,7 +356,9 @@ def cmd_video(args: argparse.Namespace) -> int:
     from facefuse.fusion.engine import FaceFuser
     from facefuse.fusion.mapping import parse_cli_pair
     from facefuse.video.codecs import ENCODERS, pyav
-    from facefuse.video.engine import VideoFuser, VideoOptions, frame_threads_only
+    from facefuse.video.engine import frame_threads_only
+    from facefuse.video.fuser import VideoFuser
+    from facefuse.video.options import VideoOptions
 
     if args.list_encoders:
         av = pyav()
@@ -362,8 +372,7 @@ def cmd_video(args: argparse.Namespace) -> int:
     settings = _settings(args)
     frame_threads_only()
     fuser = FaceFuser(settings)
-    options = VideoOptions(fuse=_fuse_options(args), encoder=args.encoder,
-                           detect_every=args.detect_every, smooth=not args.no_smooth)
+    options = VideoOptions(fuse=_fuse_options(args), **_option_values(args, VideoOptions))
     mapping = [parse_cli_pair(m) for m in args.map] if args.map else None
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total} frames"),
@@ -389,7 +398,7 @@ def cmd_video(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from facefuse.serving.worker import run_worker
+    from facefuse.serving.jobs.worker import run_worker
 
     return run_worker(_settings(args), metrics_port=args.metrics_port)
 
@@ -416,7 +425,9 @@ def _fusion_flags(sp: argparse.ArgumentParser) -> None:
                     help="face mapping, repeatable: source image SRC (its face FACE, default "
                     "0 = largest) replaces target face TARGET (an index, largest first, or a "
                     "rectangle x0,y0,x1,y1 in pixels); faces not named are left alone")
-    _add_fuse_option_flags(sp.add_argument_group("fusion options"))
+    from facefuse.fusion.types import FuseOptions
+
+    _add_option_flags(sp.add_argument_group("fusion options"), FuseOptions)
 
 
 def _add_models_parser(sub: Any) -> None:
@@ -513,15 +524,11 @@ def _add_video_parsers(sub: Any) -> None:
     vd.add_argument("inputs", nargs="*", metavar="FILE",
                     help="source image(s), then the clip")
     vd.add_argument("-o", "--output", help="output clip (.mp4, .mkv, .webm, .mov)")
-    vd.add_argument("--encoder", default="vp9", help="vp9 (default, BSD), av1 (BSD + AOM "
-                    "patent licence) or x264 (GPL); see --list-encoders")
     vd.add_argument("--list-encoders", action="store_true",
                     help="print the encoders, their licences and containers, and exit")
-    vd.add_argument("--detect-every", type=int, default=10, metavar="N",
-                    help="frames between detection passes while faces are tracked "
-                    "(default 10; a cut or a lost face detects at once)")
-    vd.add_argument("--no-smooth", action="store_true",
-                    help="no temporal smoothing of landmarks and tone")
+    from facefuse.video.options import VideoOptions
+
+    _add_option_flags(vd.add_argument_group("clip options"), VideoOptions)
     vd.add_argument("--no-progress", action="store_true", help="no progress bar")
     vd.add_argument("--report", metavar="JSON", help="write the clip's report")
     _fusion_flags(vd)

@@ -181,7 +181,7 @@ class Settings:
     #: Level of the service's JSON logs: ``debug`` also logs probe and metrics requests.
     log_level: str = "info"
     #: API keys, ``[label:]token`` entries separated by commas or whitespace (format in
-    #: :mod:`facefuse.serving.security`); no keys at all: authentication off.
+    #: :mod:`facefuse.serving.api_keys`); no keys at all: authentication off.
     api_keys: str = field(default="", repr=False)
     #: Keys that may also call the admin routes.
     admin_keys: str = field(default="", repr=False)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from facefuse.serving.worker import SHUTDOWN_MARGIN_S
+from facefuse.serving.jobs.worker import SHUTDOWN_MARGIN_S
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose"

@@ -146,8 +146,8 @@ def test_worker_contract() -> None:
     """The redis overlay runs job workers: one job per pod, scaled by KEDA on the
     queue's Redis list, with time to hand a job back on SIGTERM; the queue has a Redis
     of its own (never evicts, AOF fsynced on every write), the cache's stays LRU."""
-    from facefuse.serving.jobs import NAMESPACE, QUEUE
-    from facefuse.serving.worker import SHUTDOWN_MARGIN_S
+    from facefuse.serving.jobs.queue import NAMESPACE, QUEUE
+    from facefuse.serving.jobs.worker import SHUTDOWN_MARGIN_S
 
     docs = render("redis")
     by = {(d["kind"], d["metadata"]["name"]): d for d in docs}

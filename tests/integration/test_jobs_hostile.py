@@ -257,6 +257,11 @@ def test_jobs_refuse_at_the_door_what_fuse_refuses(
         ({"source": noise}, {}),
         ({"source": source[: len(source) // 2]}, {}),
         ({"source_2": source}, {}),
+        # a reference outside mode reference, or beside a mapping, would be ignored
+        ({"reference": target}, {}),
+        ({"reference": target}, {"mode": "many"}),
+        ({"reference": target}, {"mode": "reference",
+                                 "mapping": json.dumps([{"source": 0, "target": 0}])}),
     ]
     image_faults: list[tuple[dict[str, bytes], dict[str, str]]] = [
         ({"target": b""}, {}), ({"target": noise}, {})]
@@ -266,6 +271,8 @@ def test_jobs_refuse_at_the_door_what_fuse_refuses(
             parts = {k: (f"{k}.jpg", v) for k, v in images.items()}
             fuse = c.post("/v1/fuse", files=parts, data=fields)
             assert fuse.status_code in (400, 415, 422), (files.keys(), fields, fuse.text)
+            if "reference" in files:
+                assert code(fuse) == (422, "options_conflict"), fuse.text
             image_job = c.post("/v1/jobs", files=parts, data=fields)
             assert code(image_job) == code(fuse), (files.keys(), fields, image_job.text)
             if (files, fields) in image_faults:

@@ -19,8 +19,9 @@ from worker_harness import wait_for
 
 from facefuse.config import Settings
 from facefuse.fusion.engine import FaceFuser
-from facefuse.serving import worker as worker_mod
-from facefuse.serving.jobs import ACTOR, NAMESPACE, QUEUE, JobStore, broker, enqueue
+from facefuse.serving.jobs import worker as worker_mod
+from facefuse.serving.jobs.queue import ACTOR, NAMESPACE, QUEUE, broker, enqueue
+from facefuse.serving.jobs.store import JobStore
 
 pytestmark = pytest.mark.slow
 

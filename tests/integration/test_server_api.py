@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import struct
 import zlib
 from collections.abc import Iterator
@@ -298,6 +299,8 @@ def _no_face_jpeg() -> bytes:
         ("form_urlencoded", 415, "unsupported_media_type"),
         ("target_index_out_of_range", 422, "face_index_out_of_range"),
         ("reference_mode_without_reference", 422, "reference_required"),
+        ("reference_outside_reference_mode", 422, "options_conflict"),
+        ("reference_with_a_mapping", 422, "options_conflict"),
         ("many_mode_with_a_face_index", 422, "options_conflict"),
         ("body_over_limit", 413, "body_too_large"),
         ("chunked_body_over_limit", 413, "body_too_large"),
@@ -341,6 +344,10 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
         data["target_face_index"] = "7"
     elif case == "reference_mode_without_reference":
         data["mode"] = "reference"
+    elif case == "reference_outside_reference_mode":
+        data["mode"] = "many"
+    elif case == "reference_with_a_mapping":
+        data.update(mode="reference", mapping=json.dumps([{"source": 0, "target": 0}]))
     elif case == "many_mode_with_a_face_index":
         data.update(mode="many", target_face_index="0")
     elif case.startswith("json_") or case == "form_urlencoded":
@@ -372,6 +379,8 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
     files = {"target": ("t.jpg", good, "image/jpeg")}
     if source is not None:
         files["source"] = ("s.jpg", source, "image/jpeg")
+    if case.startswith("reference_") and case != "reference_mode_without_reference":
+        files["reference"] = ("r.jpg", good, "image/jpeg")
     kwargs["files"] = files
     r = client.post("/v1/fuse", data=data, **kwargs)
     assert (r.status_code, error_of(r)) == (status, code), r.text
@@ -380,7 +389,7 @@ def test_bad_input_gets_a_4xx_json_error_with_a_stable_code(
 def test_parts_are_bounded_and_json_fields_are_never_coerced(
     client: httpx.Client, photos: dict[str, bytes]
 ) -> None:
-    from facefuse.serving.inputs import MAX_PARTS
+    from facefuse.serving.http.inputs import MAX_PARTS
 
     files = {"source": ("s.jpg", photos["obama"]), "target": ("t.jpg", photos["biden"])}
     extra = {f"x{i}": "1" for i in range(MAX_PARTS - 1)}  # 33 parts with the two images

@@ -1,23 +1,29 @@
-"""The fusion options: one declaration on FuseOptions, from which the HTTP schema, the
-CLI flags and the validation are made; and the library's front door built on it."""
+"""The options: one declaration on FuseOptions (and a clip's on VideoOptions), from which
+the HTTP schemas, the CLI flags and the validation are made; and the library's front
+door built on it."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
 
 import facefuse
-from facefuse.cli import _fuse_options, build_parser
+from facefuse.cli import _fuse_options, _option_values, build_parser
 from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError, NoFaceError
 from facefuse.fusion.engine import FaceFuser
-from facefuse.fusion.types import FuseOptions, option_specs
-from facefuse.serving.schemas import FuseParams
+from facefuse.fusion.types import FuseOptions, declared, option_specs
+from facefuse.serving.jobs.store import job_options
+from facefuse.serving.routes.jobs import JobParams
+from facefuse.serving.routes.schemas import FuseParams
+from facefuse.video.codecs import ENCODERS, EncoderName
+from facefuse.video.options import VideoOptions
 
 # --- one declaration --------------------------------------------------------------------
 
@@ -62,6 +68,48 @@ def test_the_cli_flags_are_the_declaration() -> None:
     assert (got.degree, got.shape, got.mode, got.blend, got.swapper, got.min_face_size,
             got.relight) == (40.0, 10.0, "reference", "poisson", "other", 60.0, False)
     assert options("--target-face-index", "3").target_face_index == 3
+
+
+def test_a_clips_options_are_one_declaration_too() -> None:
+    """The job fields of ``POST /v1/jobs``, the ``facefuse video`` flags and what a
+    worker reads back from a job are all made from VideoOptions' declaration."""
+    offered = [(f, spec) for f, spec, _ in declared(VideoOptions) if spec.http]
+    assert [f.name for f, _ in offered] == ["encoder", "detect_every", "smooth"]
+    schema = JobParams.model_json_schema()["properties"]
+    group = next(g for g in _subparser("video")._action_groups if g.title == "clip options")
+    flags = {a.dest: a for a in group._group_actions}
+    for f, spec, hint in declared(VideoOptions):
+        assert (f.name in schema) == spec.http, f.name
+        assert (f.name in flags) == (spec.cli is not None), f.name
+        if spec.http:
+            prop = schema[f.name]
+            assert prop["default"] == f.default and prop["description"] == spec.help
+            assert prop.get("minimum") == spec.low and prop.get("maximum") == spec.high
+            assert prop.get("enum", None) == (list(get_args(hint)) or None)
+        if spec.cli is not None:
+            assert flags[f.name].option_strings == [spec.cli]
+            assert flags[f.name].default == f.default
+    assert set(get_args(EncoderName)) == set(ENCODERS)
+    # what the API stores for a job is what the worker reads back
+    changed = {"encoder": "x264", "detect_every": 5, "smooth": False}
+    raw = JobParams.model_validate(changed).model_dump()
+    video = job_options(raw, "clip")[0]
+    assert video == VideoOptions(fuse=FuseOptions(evaluate=False), **changed)  # type: ignore[arg-type]
+    assert job_options(JobParams.model_validate({}).model_dump(), "clip")[0] == VideoOptions(
+        fuse=FuseOptions(evaluate=False))
+    args = build_parser().parse_args(["video", "s.jpg", "c.mp4", "-o", "o.mp4", "--encoder",
+                                      "x264", "--detect-every", "5", "--no-smooth"])
+    assert _option_values(args, VideoOptions) == changed
+    with pytest.raises(InvalidArgumentError) as exc:
+        VideoOptions(detect_every=0)
+    assert exc.value.code == "invalid_detect_every"
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    parser: argparse.ArgumentParser = sub.choices[name]
+    return parser
 
 
 @pytest.mark.parametrize(("bad", "code"), [

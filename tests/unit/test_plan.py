@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from facefuse.errors import InvalidArgumentError
 from facefuse.fusion.mapping import parse_mapping
 from facefuse.fusion.plan import Analyse, FuseRequest, ImageJob, fuse_plan
+from facefuse.fusion.select import check_reference
 from facefuse.fusion.types import FuseOptions
 
 
@@ -57,16 +59,36 @@ def test_reference_mode_embeds_the_target_and_the_reference() -> None:
     assert jobs(options=options, reference=True) == [
         ("source", 0, False, "largest"), ("target", 1, True, "all"),
         ("reference", 2, True, "largest")]
-    # a reference image outside reference mode is not decoded or analysed
-    req = FuseRequest(FuseOptions(), reference=True)
-    assert not req.uses_reference and req.image_count == 2
+
+
+@pytest.mark.parametrize(("mode", "reference", "mapping", "code"), [
+    ("one", True, False, "options_conflict"),
+    ("many", True, False, "options_conflict"),
+    ("reference", True, True, "options_conflict"),
+    ("reference", False, False, "reference_required"),
+])
+def test_a_reference_goes_only_with_mode_reference_and_no_mapping(
+        mode: str, reference: bool, mapping: bool, code: str) -> None:
+    pairs = parse_mapping([{"source": 0, "target": 0}]) if mapping else None
+    with pytest.raises(InvalidArgumentError) as info:
+        FuseRequest(FuseOptions(mode=mode, evaluate=False),  # type: ignore[arg-type]
+                    mapping=pairs, reference=reference)
+    assert info.value.code == code
+    with pytest.raises(InvalidArgumentError) as info:
+        check_reference(mode, reference, mapping)
+    assert info.value.code == code
+    # what a reference, and mode reference, may come with
+    check_reference("reference", True, False)
+    check_reference("reference", False, True)
+    if mode != "reference":
+        check_reference(mode, False, mapping)
 
 
 def test_a_mapping_names_faces_so_the_target_is_embedded_only_to_evaluate() -> None:
     mapping = parse_mapping([{"source": 0, "target": 1}, {"source": 1, "source_face": 1,
                                                           "target": 0}])
     options = FuseOptions(mode="reference", evaluate=False)
-    assert jobs(options=options, sources=2, mapping=mapping, reference=True) == [
+    assert jobs(options=options, sources=2, mapping=mapping) == [
         ("source", 0, False, "all"), ("source", 1, False, "all"), ("target", 2, False, "all")]
     assert jobs(sources=2, mapping=mapping)[-1] == ("target", 2, True, "all")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from facefuse.errors import InvalidArgumentError
-from facefuse.serving.inputs import RequestFields, validate_params
-from facefuse.serving.schemas import FuseParams
+from facefuse.serving.http.inputs import RequestFields, validate_params
+from facefuse.serving.routes.schemas import FuseParams
 
 
 @pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity"])

@@ -13,7 +13,8 @@ from fastapi import FastAPI, File, Request, UploadFile
 
 from facefuse.config import Settings
 from facefuse.errors import ForbiddenError, InvalidArgumentError, UnauthorizedError
-from facefuse.serving.security import MIN_TOKEN_LENGTH, ApiKeys, BodyLimitMiddleware, bearer_token
+from facefuse.serving.api_keys import MIN_TOKEN_LENGTH, ApiKeys, bearer_token
+from facefuse.serving.http.body_limit import BodyLimitMiddleware
 
 USER = "u" * 8 + secrets.token_urlsafe(16)
 USER2 = secrets.token_hex(16)
@@ -160,7 +161,7 @@ def test_match_compares_against_every_key() -> None:
         return real(a, b)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr("facefuse.serving.security.hmac.compare_digest", counting)
+    mp.setattr("facefuse.serving.api_keys.hmac.compare_digest", counting)
     try:
         assert keys.match(many[0]) is not None
         assert len(calls) == 5

@@ -17,7 +17,8 @@ from facefuse.errors import InvalidArgumentError
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.types import FuseOptions
-from facefuse.video.engine import ClipFusion, VideoFuser, VideoOptions
+from facefuse.video.engine import ClipFusion, VideoOptions
+from facefuse.video.fuser import VideoFuser
 from swap_models import TINY, middle_third, painted, tiny_swap_dir
 
 

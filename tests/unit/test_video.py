@@ -17,7 +17,13 @@ import pytest
 from child_processes import children
 from video_clips import blank, clip, scene
 
-from facefuse.errors import CancelledError, InvalidVideoError, ModelError, VideoTooLargeError
+from facefuse.errors import (
+    CancelledError,
+    InvalidArgumentError,
+    InvalidVideoError,
+    ModelError,
+    VideoTooLargeError,
+)
 from facefuse.faces import stages
 from facefuse.faces.analyser import FaceAnalyser
 from facefuse.faces.landmarker import EYE_CONTOUR_INDICES
@@ -25,7 +31,8 @@ from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.types import FuseOptions
 from facefuse.video import processes as forked
-from facefuse.video.engine import ClipFusion, FrameStats, VideoFuser, VideoOptions
+from facefuse.video.engine import ClipFusion, FrameStats, VideoOptions
+from facefuse.video.fuser import VideoFuser
 from facefuse.video.io import Frame, VideoLimits, VideoReader, VideoWriter, probe
 from facefuse.video.smoothing import OneEuroFilter
 from facefuse.video.tracker import carried_eyes
@@ -191,6 +198,15 @@ def test_reference_mode_fuses_only_that_person(
     fused = {t for _, s in runs for t in s.fused}
     both = [s for _, s in runs if len(s.tracks) == 2]
     assert both and fused == {max(both[0].tracks)}  # the guest's track, nothing else
+
+
+@pytest.mark.parametrize("mode", ["one", "many"])
+def test_a_reference_outside_mode_reference_is_a_conflict(
+        fuser: FaceFuser, sample_paths: dict[str, Path], mode: str) -> None:
+    opts = VideoOptions(fuse=FuseOptions(mode=mode))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError) as info:
+        ClipFusion(fuser, opts, [sample_paths[SOURCE]], reference=sample_paths["biden"])
+    assert info.value.code == "options_conflict"
 
 
 def test_tracked_mesh_matches_a_fresh_detection(

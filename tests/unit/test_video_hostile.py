@@ -20,7 +20,7 @@ import pytest
 from facefuse.errors import InvalidVideoError, VideoTooLargeError
 from facefuse.toolchain.hostile_clips import swollen_clip, undated_clip
 from facefuse.video.codecs import encoder
-from facefuse.video.engine import _Pipe
+from facefuse.video.fuser import _Pipe
 from facefuse.video.io import Frame, VideoLimits, VideoReader, VideoWriter, display, probe
 
 #: What a refused hostile clip may add to the peak resident memory, MB (a 16000 x

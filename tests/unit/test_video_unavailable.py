@@ -11,7 +11,7 @@ import pytest
 from video_clips import blank
 
 from facefuse.errors import VideoTooLargeError, VideoUnavailableError
-from facefuse.serving.routes_jobs import _probe_clip
+from facefuse.serving.routes.jobs import _probe_clip
 from facefuse.video.codecs import encoder
 from facefuse.video.io import VideoLimits, VideoWriter, probe
 

@@ -11,7 +11,7 @@ import redis
 
 from facefuse.config import Settings
 from facefuse.errors import DeadlineExceededError
-from facefuse.serving.worker import JobRunner, WorkClock, tree_pss_mb
+from facefuse.serving.jobs.worker import JobRunner, WorkClock, tree_pss_mb
 
 
 class FakeTime:

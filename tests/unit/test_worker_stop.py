@@ -12,7 +12,7 @@ import pytest
 # main thread runs Python again.
 CHILD = textwrap.dedent("""
     import signal, sys, threading, time
-    from facefuse.serving.worker import wait_for_stop
+    from facefuse.serving.jobs.worker import wait_for_stop
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     other = threading.Thread(target=time.sleep, args=(60,), daemon=True)

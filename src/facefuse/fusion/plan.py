@@ -40,7 +40,7 @@ from facefuse.faces.stages import FaceModels, Stage
 from facefuse.faces.types import Face
 from facefuse.fusion.mapping import FacePair, MappedFace, detect_purposes, resolve
 from facefuse.fusion.quality import compare_faces, identity_similarity, seam_scores
-from facefuse.fusion.select import IdentityNeeds, select
+from facefuse.fusion.select import IdentityNeeds, check_reference, select
 from facefuse.fusion.types import FusedFace, FuseOptions, FusionResult, SkippedFace
 
 __all__ = ["Analyse", "FuseRequest", "ImageJob", "Planned", "Render", "RunStage", "Step",
@@ -59,7 +59,8 @@ class FuseRequest:
             every fused face, by re-analysing the output).
         sources: how many source images (one person's photos, or one per mapping index).
         mapping: the parsed face mapping (overrides ``options.mode``), or None.
-        reference: a reference image was given (used in ``mode="reference"`` only).
+        reference: a reference image was given (in ``mode="reference"`` only, without
+            a mapping: :func:`~facefuse.fusion.select.check_reference`).
         similarity: score the first fused face's identity against the source face
             with one recogniser call at the mesh it was rendered with.
         target_faces: the target's faces when already known (a stored template);
@@ -82,6 +83,9 @@ class FuseRequest:
     target_size: tuple[int, int] | None = None
     target_purpose: Purpose | None = None
     source_embedding: bool = False
+
+    def __post_init__(self) -> None:
+        check_reference(self.options.mode, self.reference, bool(self.mapping))
 
     @property
     def uses_reference(self) -> bool:

@@ -29,8 +29,8 @@ from facefuse.fusion.quality import identity_similarity
 from facefuse.fusion.types import MIN_EYE_DISTANCE_PX, FuseOptions, SkippedFace
 
 __all__ = ["MAX_ABS_YAW_DEG", "MIN_EYE_DISTANCE_PX", "IdentityNeeds", "Selection",
-           "check_usable", "none_fusable", "pick_source", "reference_face", "select",
-           "select_targets", "skipped_face", "split_usable", "usability_error"]
+           "check_reference", "check_usable", "none_fusable", "pick_source", "reference_face",
+           "select", "select_targets", "skipped_face", "split_usable", "usability_error"]
 
 #: Faces turned further than this (degrees of yaw) are too far in profile.
 MAX_ABS_YAW_DEG = 50.0
@@ -202,6 +202,29 @@ def pick_source(candidates: Sequence[Sequence[Face]]) -> tuple[int, Face, list[s
         notes.append(f"{len(candidates)} source images; used image {best[1]} "
                      "(largest, most frontal face)")
     return best[1], best[2], notes
+
+
+def check_reference(mode: str, reference: bool, mapping: bool) -> None:
+    """What a reference image goes with: it picks the person to replace in mode
+    ``reference``, where it is needed unless a mapping names the faces itself.
+
+    Args:
+        mode: the fusion mode. reference: a reference image was given. mapping: a
+            face mapping was given.
+
+    Raises:
+        InvalidArgumentError: ``options_conflict`` for a reference with another mode
+            or with a mapping (it would be ignored); ``reference_required`` for mode
+            ``reference`` with neither a reference nor a mapping.
+    """
+    if reference and (mode != "reference" or mapping):
+        raise InvalidArgumentError(
+            "a reference image picks the face to replace in mode 'reference'; "
+            + ("a mapping names the faces itself" if mapping
+               else f"mode {mode!r} would ignore it"), code="options_conflict")
+    if mode == "reference" and not reference and not mapping:
+        raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
+                                   code="reference_required")
 
 
 def reference_face(options: FuseOptions, reference: Sequence[Face] | None) -> Face | None:

@@ -26,16 +26,17 @@ MIN_FACE_SIZE_RANGE = (16.0, 1024.0)
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """How one :class:`FuseOptions` field is offered to callers: the single
-    declaration the HTTP schema (``facefuse.serving.schemas.FuseParams``), the CLI
-    flags (``facefuse fuse``) and the validation in :class:`FuseOptions` are made from.
+    """How one option (a :class:`FuseOptions` field, or a clip's
+    :class:`~facefuse.video.options.VideoOptions` one) is offered to callers: the single
+    declaration the HTTP schemas (``facefuse.serving.routes.schemas``), the CLI flags
+    (``facefuse fuse``, ``facefuse video``) and the validation are made from.
 
     Attributes:
         help: one sentence for people (CLI ``--help`` and the OpenAPI description).
         low, high: inclusive numeric bounds (None: unbounded on that side).
         unit: what the number counts, said in the range error (``"pixels"``).
-        http: a field of the HTTP API's fusion options.
-        cli: the ``facefuse fuse`` flag (a ``--no-…`` flag switches a default-on
+        http: a field of the HTTP API's options.
+        cli: the command-line flag (a ``--no-…`` flag switches a default-on
             option off); None: not on the command line.
         cli_bare: the value of the flag given without one (None: a value is required).
         metavar: the CLI's name for the value.
@@ -54,9 +55,15 @@ class OptionSpec:
     legacy: tuple[tuple[Any, Any], ...] = ()
 
 
+def option_field(default: Any, **spec: Any) -> Any:
+    """A field of an options dataclass (:class:`FuseOptions`, a clip's
+    :class:`~facefuse.video.options.VideoOptions`) with its :class:`OptionSpec`."""
+    return field(default=default, metadata={"option": OptionSpec(**spec)})
+
+
 def _option(default: Any, **spec: Any) -> Any:
     """A :class:`FuseOptions` field with its :class:`OptionSpec`."""
-    return field(default=default, metadata={"option": OptionSpec(**spec)})
+    return option_field(default, **spec)
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,24 @@ def option_type(name: str) -> Any:
     """The annotation of :class:`FuseOptions` field ``name`` (``float | None``,
     ``Literal[...]``, ...)."""
     return _hints()[name]
+
+
+@functools.cache
+def declared(cls: Any) -> tuple[tuple[Field[Any], OptionSpec, Any], ...]:
+    """Every field of the options dataclass ``cls`` that carries an :class:`OptionSpec`:
+    (field, spec, annotation), in declaration order. What the HTTP schemas and the CLI
+    flags are made from."""
+    hints = get_type_hints(cls)
+    return tuple((f, f.metadata["option"], hints[f.name]) for f in fields(cls)
+                 if "option" in f.metadata)
+
+
+def check_declared(options: Any) -> None:
+    """Raise ``invalid_<name>`` for a declared field of ``options`` whose value does
+    not fit its type and range."""
+    kind: Any = type(options)
+    for f, spec, hint in declared(kind):
+        _check_option(f.name, getattr(options, f.name), hint, spec)
 
 
 def _check_option(name: str, value: Any, hint: Any, spec: OptionSpec) -> None:

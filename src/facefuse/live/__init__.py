@@ -6,7 +6,7 @@ state (:class:`~facefuse.video.engine.ClipFusion`: tracking, smoothing, the
 per-track source) in a thread of its own, newest frame first
 (:mod:`facefuse.live.loop`), and sends the fused video back and to viewers.
 :class:`~facefuse.live.sessions.LiveSessions` bounds, owns and reaps them. The
-HTTP routes are :mod:`facefuse.serving.routes_live`.
+HTTP routes are :mod:`facefuse.serving.routes.live`.
 
 aiortc is imported only when a session starts (:func:`available`), so an install
 without it (or without PyAV) still imports this package.

@@ -7,10 +7,10 @@ starts the model-directory watcher. Shutdown — after uvicorn stopped accepting
 connections and waited for in-flight requests (up to ``shutdown_grace_s``) — marks
 the app draining, drains the batchers, stops the pools and closes the cache.
 
-Middleware, outermost first: request context (:mod:`facefuse.serving.middleware`:
-request id, JSON access log, metrics, in-flight bound, last-resort 500), CORS (only
-when origins are configured), the body limit, then FastAPI's routing and the error
-handlers of :mod:`facefuse.serving.http_errors`.
+The middleware, outermost first, are listed in :mod:`facefuse.serving.http.stack`
+(request id, access log, request metrics, last resort, draining, upload guard, in-flight
+bound, CORS, body limit); inside them FastAPI's routing (:mod:`facefuse.serving.routes`)
+and the error handlers of :mod:`facefuse.serving.http.error_handlers`.
 """
 
 from __future__ import annotations
@@ -23,27 +23,23 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 
 from facefuse import __version__
 from facefuse.config import Settings
 from facefuse.errors import FacefuseError, InvalidArgumentError
 from facefuse.runtime.registry import ModelRegistry
+from facefuse.serving.api_keys import ApiKeys
 from facefuse.serving.budget import MemoryBudget, budget_bytes, current_rss_bytes
 from facefuse.serving.cache.results import InProcessResultCache, RedisResultCache, ResultCache
 from facefuse.serving.heap import free_heap_bound, release_free_heap, trim_when_idle
-from facefuse.serving.http_errors import install_error_handlers
+from facefuse.serving.http.error_handlers import install_error_handlers
+from facefuse.serving.http.stack import install_middleware
 from facefuse.serving.metrics import Metrics
-from facefuse.serving.middleware import RequestContextMiddleware
 from facefuse.serving.openapi import install_openapi
 from facefuse.serving.pipeline import Pipeline
 from facefuse.serving.playground import install_playground
-from facefuse.serving.routes import router
-from facefuse.serving.routes_jobs import router as jobs_router
-from facefuse.serving.routes_live import live_sessions
-from facefuse.serving.routes_live import router as live_router
-from facefuse.serving.routes_templates import router as product_router
-from facefuse.serving.security import ApiKeys, BodyLimitMiddleware
+from facefuse.serving.routes import include_routes
+from facefuse.serving.routes.live import live_sessions
 from facefuse.serving.state import Services
 from facefuse.serving.templates import TemplateStore, build_template_store
 from facefuse.serving.watcher import watch_models
@@ -113,6 +109,52 @@ async def _check_templates(svc: Services) -> str:
     return f"{svc.templates.kind} ok"
 
 
+async def _start(svc: Services, registry: ModelRegistry | None) -> tuple[Pipeline, int]:
+    """Load and warm the models (in a worker thread), start the batchers and size the
+    request pool; the pipeline and the pool's bytes."""
+    settings = svc.settings
+
+    def build() -> Pipeline:
+        p = Pipeline(settings, registry or ModelRegistry(settings), metrics=svc.metrics,
+                     budget=svc.budget)
+        p.warmup()
+        return p
+
+    try:
+        pipeline = await asyncio.get_running_loop().run_in_executor(None, build)
+    except FacefuseError as exc:
+        log.error("cannot start: %s", exc.message, extra={"fields": {"code": exc.code}})
+        raise
+    pipeline.start()
+    # Model loading and warm-up leave tens of MB of freed buffers resident.
+    release_free_heap()
+    pool = request_pool_bytes(settings, pipeline.deferred_bytes)
+    assert svc.budget is not None
+    svc.budget.set_capacity(pool)
+    svc.pipeline = pipeline
+    svc.metrics.register_cache("l1", pipeline.l1)
+    svc.metrics.set_models(svc.model_rows())
+    return pipeline, pool
+
+
+async def _stop(svc: Services, pipeline: Pipeline, tasks: list[asyncio.Task[None]]) -> None:
+    """Drain: live sessions closed, background ``tasks`` cancelled, the batchers
+    drained (up to ``shutdown_grace_s``), the pools, caches and store closed."""
+    svc.draining = True
+    if svc.live is not None:
+        await svc.live.close_all()
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    drained = await pipeline.drain(svc.settings.shutdown_grace_s)
+    pipeline.close()
+    await svc.l2.close()
+    if svc.templates is not None:
+        await svc.templates.close()
+    log.info("facefuse stopped", extra={"fields": {"drained": drained}})
+
+
 def _lifespan(
     registry: ModelRegistry | None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
@@ -120,37 +162,15 @@ def _lifespan(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc: Services = app.state.services
         settings = svc.settings
-        loop = asyncio.get_running_loop()
-
-        def build() -> Pipeline:
-            p = Pipeline(settings, registry or ModelRegistry(settings), metrics=svc.metrics,
-                         budget=svc.budget)
-            p.warmup()
-            return p
-
         t0 = time.monotonic()
-        try:
-            pipeline = await loop.run_in_executor(None, build)
-        except FacefuseError as exc:
-            log.error("cannot start: %s", exc.message, extra={"fields": {"code": exc.code}})
-            raise
-        pipeline.start()
-        # Model loading and warm-up leave tens of MB of freed buffers resident.
-        release_free_heap()
-        pool = request_pool_bytes(settings, pipeline.deferred_bytes)
-        assert svc.budget is not None
-        svc.budget.set_capacity(pool)
-        svc.pipeline = pipeline
-        svc.metrics.register_cache("l1", pipeline.l1)
-        svc.metrics.set_models(svc.model_rows())
+        pipeline, pool = await _start(svc, registry)
         l2_state = f"{svc.l2.kind} " + ("ok" if await svc.l2.ping() else "unreachable (degraded)")
         templates_state = await _check_templates(svc)
-        watcher: asyncio.Task[None] | None = None
-        if settings.reload_poll_s > 0:
-            watcher = asyncio.create_task(watch_models(svc), name="model-watcher")
         # After a burst, the freed image buffers go back to the system.
-        trimmer = asyncio.create_task(trim_when_idle(lambda: (svc.inflight, svc.answered)),
-                                      name="heap-trimmer")
+        tasks = [asyncio.create_task(trim_when_idle(lambda: (svc.inflight, svc.answered)),
+                                     name="heap-trimmer")]
+        if settings.reload_poll_s > 0:
+            tasks.append(asyncio.create_task(watch_models(svc), name="model-watcher"))
 
         log.info("facefuse ready", extra={"fields": {
             "startup_s": round(time.monotonic() - t0, 2), "models": pipeline.model_versions,
@@ -162,22 +182,7 @@ def _lifespan(
         try:
             yield
         finally:
-            svc.draining = True
-            if svc.live is not None:
-                await svc.live.close_all()
-            trimmer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await trimmer
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-            drained = await pipeline.drain(settings.shutdown_grace_s)
-            pipeline.close()
-            await svc.l2.close()
-            if svc.templates is not None:
-                await svc.templates.close()
-            log.info("facefuse stopped", extra={"fields": {"drained": drained}})
+            await _stop(svc, pipeline, tasks)
 
     return lifespan
 
@@ -219,26 +224,9 @@ def create_app(
     app = FastAPI(title="facefuse", version=__version__, description=DESCRIPTION,
                   lifespan=_lifespan(registry))
     app.state.services = svc
-    app.include_router(router)
-    app.include_router(product_router)
-    app.include_router(live_router)
-    if settings.jobs_redis_url:  # jobs live in Redis: without it the routes do not exist
-        app.include_router(jobs_router)
+    include_routes(app, settings)
     install_playground(app)
     install_openapi(app, settings, keys)
     install_error_handlers(app)
-    # add_middleware wraps: the last added is the outermost.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware, allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "PATCH", "DELETE"],
-            allow_headers=["Authorization", "Content-Type", "X-Request-ID",
-                           "X-Facefuse-Timeout"],
-            expose_headers=["X-Request-ID", "X-Facefuse-Cache",
-                            "X-Facefuse-Identity-Similarity", "X-Facefuse-Skipped-Faces",
-                            "Server-Timing", "Retry-After", "Location", "Link"],
-            max_age=600,
-        )
-    app.add_middleware(RequestContextMiddleware, services=svc)
+    install_middleware(app, svc)
     return app

@@ -11,7 +11,7 @@ event loop or in a worker thread started with :func:`contextvars.copy_context`)
 carries it. Extra fields come from ``logger.info(..., extra={"fields": {...}})``.
 
 Never log images, embeddings, request bodies or API tokens: only sizes, codes,
-timings and the key *labels* from :class:`~facefuse.serving.security.ApiKeys`.
+timings and the key *labels* from :class:`~facefuse.serving.api_keys.ApiKeys`.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from fastapi.openapi.utils import get_openapi
 
 from facefuse.config import Settings
 from facefuse.imaging.decode import SUPPORTED_FORMATS
-from facefuse.serving.schemas import ErrorBody
-from facefuse.serving.security import ApiKeys
+from facefuse.serving.api_keys import ApiKeys
+from facefuse.serving.routes.schemas import ErrorBody
 
 __all__ = ["install_openapi"]
 

@@ -25,12 +25,12 @@ from facefuse.config import Settings
 from facefuse.errors import InvalidArgumentError
 from facefuse.runtime.manifest import Manifest
 from facefuse.runtime.session import use_memory_pattern
+from facefuse.serving.api_keys import ApiKeys
 from facefuse.serving.app import create_app
 from facefuse.serving.heap import ARENAS, TRIM_THRESHOLD
-from facefuse.serving.http_protocol import GuardedHttpProtocol
+from facefuse.serving.http.protocol import GuardedHttpProtocol
 from facefuse.serving.logs import configure_logging
 from facefuse.serving.metrics import MULTIPROC_DIR_ENV
-from facefuse.serving.security import ApiKeys
 
 __all__ = ["limit_malloc_arenas", "pin_mmap_threshold", "pin_trim_threshold", "serve",
            "worker_app"]

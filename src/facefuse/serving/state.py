@@ -18,12 +18,12 @@ from starlette.requests import Request
 from facefuse.config import Settings
 from facefuse.errors import ModelError
 from facefuse.live.sessions import LiveSessions, LiveSources
+from facefuse.serving.api_keys import ApiKeys
 from facefuse.serving.budget import MemoryBudget
 from facefuse.serving.cache.results import ResultCache
 from facefuse.serving.metrics import Metrics
 from facefuse.serving.pipeline import Pipeline, RequestContext
-from facefuse.serving.security import ApiKeys
-from facefuse.serving.templates import TemplateStore
+from facefuse.serving.templates.store import TemplateStore
 
 __all__ = ["ModelRow", "ReloadStatus", "Services", "services"]
 

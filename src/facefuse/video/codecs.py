@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Final
+from typing import Final, Literal
 
 from facefuse.errors import InvalidArgumentError, InvalidVideoError, VideoUnavailableError
 
-__all__ = ["CONTAINERS", "DEFAULT_ENCODER", "ENCODERS", "Encoder", "check_container",
+__all__ = ["CONTAINERS", "DEFAULT_ENCODER", "ENCODERS", "Encoder", "EncoderName", "check_container",
            "container_format", "encoder", "pyav"]
 
 
@@ -84,6 +84,8 @@ ENCODERS: Final[dict[str, Encoder]] = {
                     {"preset": "veryfast", "crf": "20"}, (".mp4", ".mkv", ".mov")),
 }
 DEFAULT_ENCODER: Final = "vp9"
+#: The names of :data:`ENCODERS`, as a type (the options' declaration offers them).
+EncoderName = Literal["vp9", "av1", "x264"]
 
 #: Output suffix → FFmpeg muxer name.
 CONTAINERS: Final[dict[str, str]] = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska",

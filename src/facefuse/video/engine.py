@@ -1,8 +1,6 @@
-"""The video driver: a clip in, the clip back with the source identity fused in,
-tracked and steady.
-
-``VideoFuser(fuser).fuse_video(source, clip, out)`` (or ``facefuse video SOURCE
-CLIP -o OUT``). Work is done once, not per frame:
+"""A clip's per-frame engine (:class:`ClipFusion`): the source identity fused into each
+frame, tracked and steady; :class:`~facefuse.video.fuser.VideoFuser` drives it over a
+clip's files, live sessions frame by frame. Work is done once, not per frame:
 
 * the **source** photos are decoded and analysed once, before the first frame;
 * **detection** runs on the first frame, every ``detect_every`` frames, after a
@@ -32,23 +30,15 @@ The renderer is whatever the :class:`~facefuse.fusion.engine.FaceFuser` has for
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import queue
-import threading
-import time
-import traceback
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import cv2
 import numpy as np
 
-from facefuse.errors import CancelledError, FaceError, InvalidArgumentError, MappingError
+from facefuse.errors import FaceError, InvalidArgumentError, MappingError
 from facefuse.faces import stages
 from facefuse.faces.types import Detection, Face
 from facefuse.fusion import mask as masks
@@ -56,26 +46,15 @@ from facefuse.fusion.carry import Carried
 from facefuse.fusion.engine import FaceFuser, blend_layer
 from facefuse.fusion.geometry import eye_distance
 from facefuse.fusion.mapping import FacePair, iou, parse_mapping
-from facefuse.fusion.select import check_usable, pick_source, usability_error
+from facefuse.fusion.select import check_reference, check_usable, pick_source, usability_error
 from facefuse.fusion.swappers.base import FaceLayer, Swapper
 from facefuse.fusion.types import FuseOptions
 from facefuse.imaging.decode import ImageInput
-from facefuse.video import processes as forked
-from facefuse.video.codecs import DEFAULT_ENCODER, encoder
-from facefuse.video.io import (
-    AudioPacket,
-    Frame,
-    VideoInfo,
-    VideoLimits,
-    VideoReader,
-    VideoWriter,
-    probe,
-)
+from facefuse.video.options import VideoOptions
 from facefuse.video.smoothing import ToneStabiliser
 from facefuse.video.tracker import Track, Tracker, carried_eyes, detection_from_mesh
 
-__all__ = ["ClipFusion", "FramePlan", "FrameStats", "Progress", "VideoFuser", "VideoOptions",
-           "VideoReport", "frame_threads_only"]
+__all__ = ["ClipFusion", "FramePlan", "FrameStats", "VideoOptions", "frame_threads_only"]
 
 T = TypeVar("T")
 
@@ -103,54 +82,6 @@ def frame_threads_only() -> None:
     cv2.setNumThreads(1)
 
 
-@dataclass(frozen=True)
-class VideoOptions:
-    """How to fuse a clip.
-
-    Attributes:
-        fuse: the fusion options, as for a photo (``evaluate`` is ignored).
-        encoder: ``vp9`` (default), ``av1`` or ``x264`` (see :mod:`facefuse.video.codecs`).
-        detect_every: frames between detection passes while every face is tracked
-            (1: detect on every frame).
-        smooth: 1€ smoothing of landmarks and tone (off: each frame's raw fit).
-        window: frames in flight between the decoder, the fusion and the encoder.
-        threads: frames rendered at once (the renders of frame ``n`` overlap the
-            tracking of frame ``n + 1``; 1: one frame at a time).
-        processes: render those frames in as many forked child processes rather
-            than in threads of this one (on Linux, when the swapper's render is
-            safe in a forked child: the classic swapper on OpenCV's pixels; else
-            threads). A render holds the GIL for about half its time: two threads
-            used ~1.7 of 2 cores (the 720p bench clip without codecs: 25 → 32 fps,
-            the frames bit-identical).
-        iris_every: between detections, the iris model runs on a tracked face every
-            this many frames (1: every frame); on the frames between, the last
-            frame's irises and eye contours move with the eyes, unless an eye moved
-            or changed shape (a blink) too much to carry them.
-        regions_every: a fused face's glasses, facial hair and iris colour are
-            found every this many frames and moved with the face between
-            (:mod:`facefuse.fusion.carry`; sooner when the face turns, changes
-            expression or size; 1: found on every frame, as for a photo).
-    """
-
-    fuse: FuseOptions = field(default_factory=FuseOptions)
-    encoder: str = DEFAULT_ENCODER
-    detect_every: int = 10
-    smooth: bool = True
-    window: int = 8
-    threads: int = 2
-    iris_every: int = 2
-    regions_every: int = 4
-    processes: bool = True
-
-    def __post_init__(self) -> None:
-        for name, high in (("detect_every", 300), ("window", 64), ("threads", 16),
-                           ("iris_every", 10), ("regions_every", 30)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or not 1 <= value <= high:
-                raise InvalidArgumentError(f"{name} must be an integer in 1..{high}",
-                                           code=f"invalid_{name}")
-
-
 @dataclass
 class FrameStats:
     """What happened in one frame: whether the detector ran, which tracks are in
@@ -164,35 +95,6 @@ class FrameStats:
     landmarks: dict[int, np.ndarray] = field(default_factory=dict)
     raw_landmarks: dict[int, np.ndarray] = field(default_factory=dict)
     regions: list[tuple[int, int, int, int]] = field(default_factory=list)
-
-
-@dataclass
-class VideoReport:
-    """A fused clip's summary (the CLI prints it, a job stores it)."""
-
-    frames: int = 0
-    fused_frames: int = 0
-    detections: int = 0
-    cuts: int = 0
-    tracks: int = 0
-    seconds: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    encoder: str = DEFAULT_ENCODER
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def fps(self) -> float:
-        return self.frames / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"frames": self.frames, "fused_frames": self.fused_frames,
-                "detections": self.detections, "cuts": self.cuts, "tracks": self.tracks,
-                "seconds": round(self.seconds, 3), "fps": round(self.fps, 2),
-                "encoder": self.encoder, "clip": self.info, "notes": self.notes}
-
-
-#: ``progress(frames_done, frames_expected, fps)``: called after every frame.
-Progress = Callable[[int, int, float], None]
 
 
 @dataclass(frozen=True)
@@ -299,10 +201,9 @@ class ClipFusion:
                 check_usable(face, "source", fo.min_face_size)
                 self.sources[p.target] = _Source(decoded[p.source], face, p.target)
         self.reference: Face | None = None
+        check_reference(fo.mode, reference is not None, self.pairs is not None)
         if fo.mode == "reference" and self.pairs is None:
-            if reference is None:
-                raise InvalidArgumentError("mode 'reference' needs a reference image",
-                                           code="reference_required")
+            assert reference is not None  # check_reference
             ref = self.analyser.analyse(reference, purpose="largest")
             if not ref:
                 raise FaceError("no face found in the reference image",
@@ -604,240 +505,6 @@ class ClipFusion:
         det = Detection(bbox=f.bbox, score=f.score, keypoints=f.keypoints)
         return dataclasses.replace(stages.make_face(det, lm, f.mesh_score or 1.0),
                                    embedding=f.embedding)
-
-
-class VideoFuser:
-    """Fuses a source identity into clips: files in, files out (see the module
-    docstring). Thread-safe like the :class:`FaceFuser` it wraps; each clip has its
-    own :class:`ClipFusion`."""
-
-    def __init__(self, fuser: FaceFuser | None = None, limits: VideoLimits | None = None) -> None:
-        self.fuser = fuser or FaceFuser()
-        self.limits = limits or VideoLimits.from_settings(self.fuser.settings)
-
-    def probe(self, clip: Path) -> VideoInfo:
-        """The clip's header, checked against the limits (typed 400/413 errors)."""
-        return probe(Path(clip), self.limits)
-
-    def fuse_video(
-        self,
-        source: ImageInput | Sequence[ImageInput],
-        clip: Path,
-        out: Path,
-        options: VideoOptions | None = None,
-        *,
-        reference: ImageInput | None = None,
-        mapping: Sequence[FacePair | dict[str, Any]] | None = None,
-        progress: Progress | None = None,
-        cancelled: Callable[[], bool] | None = None,
-    ) -> VideoReport:
-        """Fuse ``source`` (one photo, or photos of one person; with a mapping, photos
-        of different people) into every frame of ``clip``; write ``out`` atomically.
-
-        Raises:
-            InvalidArgumentError: ``unknown_swapper`` (before the clip is read).
-            InvalidVideoError, VideoTooLargeError: the clip (typed, before any work).
-            CancelledError: ``cancelled()`` became true (no output is left).
-        """
-        options = options or VideoOptions()
-        clip, out = Path(clip), Path(out)
-        enc = encoder(options.encoder)
-        self.fuser.resolve(options.fuse)  # an unknown swapper before the clip is opened
-        info = self.probe(clip)
-        t0 = time.perf_counter()
-        sources: list[ImageInput] = (
-            list(source) if isinstance(source, list | tuple) else [source]  # type: ignore[list-item]
-        )
-        state = ClipFusion(self.fuser, options, sources, reference=reference, mapping=mapping)
-        report = VideoReport(info=info.to_dict(), encoder=enc.name, notes=list(state.notes))
-        total = info.expected_frames
-        # Frames planned, rendering in the pool, not yet finished (audio packets
-        # wait behind the frame before them, so the file order is kept).
-        pending: deque[tuple[Frame, FramePlan, Future[list[FaceLayer]]] | AudioPacket] = deque()
-
-        def finish_oldest() -> None:
-            head = pending.popleft()
-            if isinstance(head, AudioPacket):
-                sink.put(head)
-                return
-            item, plan, layers = head
-            fused, stats = state.finish(plan, layers.result())
-            sink.put((item, fused, stats.regions))
-            report.frames += 1
-            report.fused_frames += bool(stats.fused)
-            if progress is not None:
-                progress(report.frames, max(total, report.frames),
-                         report.frames / max(time.perf_counter() - t0, 1e-6))
-
-        with (VideoWriter(out, info, enc, clip) as writer,
-              _render_pool(state, options) as submit):
-            reader = _Pipe(iter(VideoReader(clip, info, self.limits)), options.window, "decode")
-            sink = _Sink(writer, options.window)
-            try:
-                for item in reader:
-                    if isinstance(item, AudioPacket):
-                        pending.append(item)
-                        continue
-                    if cancelled is not None and cancelled():
-                        raise CancelledError("the clip was cancelled")
-                    plan = state.plan(item.rgb, item.index, item.time_s)
-                    pending.append((item, plan, submit(plan)))
-                    while sum(not isinstance(x, AudioPacket) for x in pending) > options.threads:
-                        finish_oldest()
-                while pending:
-                    finish_oldest()
-                sink.close()
-            except BaseException:
-                for x in pending:
-                    if not isinstance(x, AudioPacket):
-                        x[2].cancel()
-                reader.stop()
-                sink.abort()
-                raise
-        report.seconds = time.perf_counter() - t0
-        report.detections, report.cuts = state.detections, state.cuts
-        report.tracks = len(state.tracker.tracks)
-        if report.fused_frames == 0:
-            report.notes.append("no frame had a face that could be fused; the clip is "
-                                "re-encoded unchanged")
-        return report
-
-
-@contextlib.contextmanager
-def _render_pool(state: ClipFusion, options: VideoOptions
-                 ) -> Iterator[Callable[[FramePlan], Future[list[FaceLayer]]]]:
-    """``submit(plan)`` -> the future of ``state.render(plan)``, run ``options.threads``
-    at a time in forked children (:attr:`VideoOptions.processes`, where the platform
-    forks and the swapper's render is safe in a forked child; threads if the fork
-    fails) or in threads; the pool is stopped on the way out (on an error, the
-    renders not yet started are dropped)."""
-    calls: forked.ForkedCalls | None = None
-    if options.processes and forked.available() and state.swapper.fork_safe:
-        # Out of memory or processes, or no named semaphores (no /dev/shm): threads.
-        with contextlib.suppress(OSError, NotImplementedError):
-            calls = forked.ForkedCalls(state.render_faces, options.threads)
-    if calls is not None:
-        with calls:
-
-            def in_child(plan: FramePlan) -> Future[list[FaceLayer]]:
-                request = state.render_request(plan)
-                if request is None:
-                    nothing: Future[list[FaceLayer]] = Future()
-                    nothing.set_result([])
-                    return nothing
-                return calls.submit(*request)
-
-            yield in_child
-        return
-    with ThreadPoolExecutor(options.threads, thread_name_prefix="render") as pool:
-        yield lambda plan: pool.submit(state.render, plan)
-
-
-_END = object()
-
-
-def _detached(exc: BaseException) -> BaseException:
-    """``exc`` to hand from a helper thread to another: without the helper's own
-    frame in its traceback (it holds the helper object, which holds the error: a
-    reference cycle only the garbage collector frees, with every array the frames
-    below it hold, the decoded frames among them), and with the locals of the
-    frames it keeps cleared (their lines stay for the log)."""
-    tb = exc.__traceback__
-    below = tb.tb_next if tb is not None else None
-    if below is not None:
-        traceback.clear_frames(below)
-    return exc.with_traceback(below)
-
-
-class _Pipe:
-    """Runs an iterator in a thread, ``size`` items ahead; errors re-raise in the
-    consumer."""
-
-    def __init__(self, source: Iterator[Any], size: int, name: str) -> None:
-        self._q: queue.Queue[Any] = queue.Queue(maxsize=size)
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(source,), name=name,
-                                        daemon=True)
-        self._thread.start()
-
-    def _run(self, source: Iterator[Any]) -> None:
-        try:
-            for item in source:
-                if not self._offer(item):
-                    return
-        except BaseException as exc:
-            self._error = _detached(exc)
-        self._offer(_END)
-
-    def _offer(self, item: Any) -> bool:
-        """Queue ``item`` unless the consumer stopped; False when it did."""
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            item = self._q.get()
-            if item is _END:
-                error, self._error = self._error, None
-                if error is not None:
-                    raise error
-                return
-            yield item
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-class _Sink:
-    """Feeds the writer from a thread through a queue of ``size`` items."""
-
-    def __init__(self, writer: VideoWriter, size: int) -> None:
-        self._writer = writer
-        self._q: queue.Queue[Any] = queue.Queue(maxsize=size)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="encode", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is _END:
-                return
-            if self._error is not None:
-                continue  # drain after a failure
-            try:
-                if isinstance(item, AudioPacket):
-                    self._writer.write_audio(item)
-                else:
-                    self._writer.write(*item)
-            except BaseException as exc:
-                self._error = _detached(exc)
-
-    def put(self, item: AudioPacket | tuple[Frame, np.ndarray,
-                                            list[tuple[int, int, int, int]]]) -> None:
-        if self._error is not None:
-            raise self._error
-        self._q.put(item)
-
-    def close(self) -> None:
-        """Wait for every queued item to be written; re-raise a writer error."""
-        self._q.put(_END)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-    def abort(self) -> None:
-        """Stop after a failure elsewhere: queued items are dropped, not written."""
-        self._error = self._error or CancelledError("aborted")
-        self._q.put(_END)  # the thread drains the queue, so this cannot block for long
-        self._thread.join(timeout=30)
 
 
 def _overlapping(plan: FramePlan) -> bool:

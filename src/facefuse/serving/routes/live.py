@@ -49,9 +49,10 @@ from facefuse.fusion.select import check_usable
 from facefuse.fusion.types import FuseOptions
 from facefuse.live.sdp import MAX_OFFER_BYTES, check_offer
 from facefuse.live.sessions import LiveSessions, SessionsObserver
-from facefuse.serving.inputs import RequestFields, read_request, validate_params
-from facefuse.serving.routes import _ERRORS, require_key
-from facefuse.serving.schemas import _FuseOptionParams
+from facefuse.serving.http.inputs import RequestFields, read_request, validate_params
+from facefuse.serving.routes.requests import require_key
+from facefuse.serving.routes.responses import ERRORS as _ERRORS
+from facefuse.serving.routes.schemas import FuseOptionParams as _FuseOptionParams
 from facefuse.serving.state import Services, services
 from facefuse.video.engine import ClipFusion, VideoOptions
 

@@ -50,18 +50,20 @@ from facefuse.errors import (
     VideoTooLargeError,
     VideoUnavailableError,
 )
+from facefuse.fusion.select import check_reference
 from facefuse.imaging.decode import DecodeLimits, check_encoded
-from facefuse.serving.fuse_request import (
+from facefuse.serving.api_keys import bearer_token
+from facefuse.serving.http.inputs import read_request, validate_params
+from facefuse.serving.jobs.queue import broker, enqueue
+from facefuse.serving.jobs.store import FINAL, JobStore, job_options, request_digest
+from facefuse.serving.routes.fuse_request import (
     SOURCE_FIELDS,
-    check_reference,
     numbered_sources,
     request_mapping,
 )
-from facefuse.serving.inputs import read_request, validate_params
-from facefuse.serving.jobs import FINAL, JobStore, broker, enqueue, job_options, request_digest
-from facefuse.serving.routes import _ERRORS, require_key
-from facefuse.serving.schemas import ErrorBody, FuseParams, image_request_body
-from facefuse.serving.security import bearer_token
+from facefuse.serving.routes.requests import require_key
+from facefuse.serving.routes.responses import ERRORS
+from facefuse.serving.routes.schemas import ErrorBody, VideoParams, image_request_body
 from facefuse.serving.state import services
 from facefuse.video.codecs import ENCODERS, check_container, pyav
 from facefuse.video.io import VideoInfo, VideoLimits, probe
@@ -75,25 +77,19 @@ MAX_IDEMPOTENCY_KEY = 200
 
 router = APIRouter(
     prefix="/v1", dependencies=[Depends(require_key)], tags=["jobs"],
-    responses={**_ERRORS,
+    responses={**ERRORS,
                404: {"model": ErrorBody, "description": "No such job (or another key's)"},
                409: {"model": ErrorBody, "description": "The job has no result (yet); or an "
                      "Idempotency-Key used before for another request"}})
 
 
-class JobParams(FuseParams):
+class JobParams(VideoParams):
     """Options of ``POST /v1/jobs``: those of ``/v1/fuse`` (``format`` and
     ``quality`` for an image job) and, for a clip, these."""
 
-    encoder: Literal["vp9", "av1", "x264"] = Field(
-        "vp9", description="Video encoder: vp9 (BSD), av1 (BSD + AOMedia patent licence) "
-        "or x264 (GPL).")
     container: Literal["mp4", "webm", "mkv", "mov"] = Field(
         "mp4", description="Output container of a clip (audio is copied: webm holds only "
         "Opus/Vorbis audio).")
-    detect_every: int = Field(10, ge=1, le=300, description="Frames between detection "
-                              "passes while every face is tracked.")
-    smooth: bool = Field(True, description="Temporal smoothing of landmarks and tone.")
 
 
 class _Jobs:
@@ -198,13 +194,13 @@ async def create_job(request: Request) -> JSONResponse:
     # renders with the one the request meant, whatever its own default.
     raw["swapper"] = svc.require_pipeline().fuser.resolve(video.fuse).swapper
     mapping = request_mapping(params.mapping, len(numbered_sources(files)))
-    check_reference(video.fuse.mode, files.get("reference"), mapping)
+    check_reference(video.fuse.mode, "reference" in files, mapping is not None)
     _check_images(files, video.fuse.mode, DecodeLimits.from_settings(settings))
     frames = 1
     if kind == "clip":
         info = await asyncio.to_thread(_probe_clip, files["clip"],
                                        VideoLimits.from_settings(settings))
-        check_container(f".{params.container}", ENCODERS[params.encoder],
+        check_container(f".{params.container}", ENCODERS[video.encoder],
                         info.audio_codec if info is not None else None)
         frames = info.expected_frames if info is not None else 0
     job_id, created = await _redis(jobs.store.create, owner, kind, files, raw, frames, idem,

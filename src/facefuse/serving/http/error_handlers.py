@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from facefuse.errors import FacefuseError
-from facefuse.serving.inputs import describe_errors
+from facefuse.serving.http.inputs import describe_errors
 from facefuse.serving.state import Services
 
 __all__ = ["error_response", "install_error_handlers"]

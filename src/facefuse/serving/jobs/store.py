@@ -1,4 +1,5 @@
-"""Long work as jobs: a job record and its files in Redis, the work on Dramatiq.
+"""Long work as jobs: a job record and its files in Redis (the work is on Dramatiq:
+:mod:`~facefuse.serving.jobs.queue`).
 
 The queue engine is **Dramatiq** (its Redis broker; docs/video.md says why), on
 the job queue's own Redis, ``jobs_redis_url``: one that never evicts and keeps an
@@ -38,24 +39,19 @@ from typing import Any, Literal
 from facefuse.config import Settings
 from facefuse.errors import (
     IdempotencyConflictError,
-    InvalidArgumentError,
     JobNotFoundError,
     OverloadedError,
 )
-from facefuse.fusion.types import FuseOptions
-from facefuse.video.engine import VideoOptions
+from facefuse.fusion.types import FuseOptions, declared
+from facefuse.serving.jobs.queue import jobs_redis_url
+from facefuse.video.options import VideoOptions
 
-__all__ = ["QUEUE", "JobRecord", "JobState", "JobStore", "broker", "enqueue", "job_options",
-           "new_job_id", "request_digest"]
+__all__ = ["FINAL", "JobRecord", "JobState", "JobStore", "job_options", "new_job_id",
+           "request_digest"]
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 #: States a job does not leave.
 FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-#: The Dramatiq queue of fusion jobs, and the namespace of the broker's keys (the
-#: queue's Redis list, ``facefuse-dramatiq:video``, is what an autoscaler watches).
-QUEUE = "video"
-NAMESPACE = "facefuse-dramatiq"
-ACTOR = "fuse_job"
 _P = "facefuse:job:"
 _QUEUED = "facefuse:jobs:queued"
 #: The queued set of one owner: this prefix and the owner.
@@ -148,10 +144,6 @@ return 1
 """
 
 
-#: Socket and connect timeout of the broker's Redis client, seconds.
-REDIS_TIMEOUT_S = 5.0
-
-
 def request_digest(kind: str, files: Mapping[str, bytes], options: Mapping[str, Any]) -> str:
     """What a job request is, as one SHA-256 hex digest: its kind, each file's name
     and content, and its options (defaults included, so leaving one out and sending
@@ -163,59 +155,9 @@ def request_digest(kind: str, files: Mapping[str, bytes], options: Mapping[str, 
     return h.hexdigest()
 
 
-#: Socket and connect timeout of the readiness probe's client, seconds.
-PING_TIMEOUT_S = 1.0
-
-
-def ping_client(settings: Settings) -> Any:
-    """A Redis client of the job queue for readiness probes (short timeouts)."""
-    import redis
-
-    return redis.Redis.from_url(jobs_redis_url(settings), socket_timeout=PING_TIMEOUT_S,
-                                socket_connect_timeout=PING_TIMEOUT_S)
-
-
-def reachable(client: Any) -> bool:
-    """Whether ``client``'s Redis answers a PING (blocking: at most its timeouts)."""
-    import redis
-
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
 def new_job_id() -> str:
     """A random job id (URL-safe, 22 characters)."""
     return secrets.token_urlsafe(16)
-
-
-def jobs_redis_url(settings: Settings) -> str:
-    """The job queue's Redis URL.
-
-    Raises:
-        InvalidArgumentError: ``jobs_not_configured`` when FACEFUSE_JOBS_REDIS_URL is
-            unset (``jobs_unavailable``, 503, is the queue's Redis unreachable).
-    """
-    if not settings.jobs_redis_url:
-        raise InvalidArgumentError("jobs need a Redis of their own: set "
-                                   "FACEFUSE_JOBS_REDIS_URL", code="jobs_not_configured")
-    return settings.jobs_redis_url
-
-
-def broker(settings: Settings) -> Any:
-    """The Dramatiq Redis broker of ``settings.jobs_redis_url`` (the job queue)."""
-    import redis
-    from dramatiq.brokers.redis import RedisBroker
-
-    # Bounded socket waits: a worker handing its job back to a Redis that hangs must
-    # still stop within its grace period.
-    client = redis.Redis.from_url(jobs_redis_url(settings), socket_timeout=REDIS_TIMEOUT_S,
-                                  socket_connect_timeout=REDIS_TIMEOUT_S)
-    return RedisBroker(client=client, namespace=NAMESPACE,
-                       heartbeat_timeout=int(settings.jobs_heartbeat_s * 1000),
-                       # A dead worker's message is put back within a few heartbeats.
-                       maintenance_chance=50_000)
 
 
 @dataclass
@@ -460,15 +402,6 @@ def _valid_id(job_id: str) -> bool:
     return 0 < len(job_id) <= 64 and all(c.isalnum() or c in "-_" for c in job_id)
 
 
-def enqueue(queue_broker: Any, job_id: str) -> None:
-    """Put the message of job ``job_id`` on the :data:`QUEUE` (the worker's actor
-    :data:`ACTOR` takes it)."""
-    from dramatiq import Message
-
-    queue_broker.enqueue(Message(queue_name=QUEUE, actor_name=ACTOR, args=(job_id,),
-                                 kwargs={}, options={}))
-
-
 #: The job options that are :class:`FuseOptions` fields.
 _FUSE_FIELDS = frozenset(f for f in FuseOptions.__dataclass_fields__)
 
@@ -479,9 +412,8 @@ def job_options(raw: Mapping[str, Any], kind: str
     output format, quality). Raises the typed errors of the option classes."""
     fuse = FuseOptions(**{k: v for k, v in raw.items() if k in _FUSE_FIELDS - {"evaluate"}},
                        evaluate=False)
-    video = VideoOptions(fuse=fuse, encoder=str(raw.get("encoder", "vp9")),
-                         detect_every=int(raw.get("detect_every", 10)),
-                         smooth=bool(raw.get("smooth", True)))
+    video = VideoOptions(fuse=fuse, **{f.name: raw[f.name] for f, spec, _ in
+                                       declared(VideoOptions) if spec.http and f.name in raw})
     fmt = str(raw.get("format", "jpeg")) if kind == "image" else str(
         raw.get("container") or "mp4")
     return video, raw.get("mapping"), fmt, int(raw.get("quality", 92))

@@ -19,52 +19,45 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field, ValidationInfo, field_validator
 
 from facefuse.errors import NoFaceError, TemplateExistsError
-from facefuse.fusion.mapping import MAX_MAPPINGS
-from facefuse.fusion.select import MAX_ABS_YAW_DEG, MIN_EYE_DISTANCE_PX
 from facefuse.imaging.decode import sniff_format
 from facefuse.imaging.encode import content_type
 from facefuse.serving.cache.keys import result_key, sha256_hex
-from facefuse.serving.fuse_request import SOURCE_FIELDS, read_fuse_request
-from facefuse.serving.inputs import read_request, validate_params
+from facefuse.serving.http.inputs import read_request, validate_params
 from facefuse.serving.pipeline import Analysis
-from facefuse.serving.routes import (
-    _ERRORS,
-    SKIPPED_HEADER,
-    _face_json,
-    _mark,
+from facefuse.serving.routes.fuse import serve_fusion
+from facefuse.serving.routes.fuse_request import SOURCE_FIELDS, read_fuse_request
+from facefuse.serving.routes.requests import (
     observe_stages,
     require_admin,
     require_key,
-    serve_fusion,
     within_deadline,
 )
-from facefuse.serving.schemas import ErrorBody, FuseParams, _Params, image_request_body
+from facefuse.serving.routes.responses import ERRORS, GONE, face_json, mark
+from facefuse.serving.routes.schemas import ErrorBody, FuseParams, Params, image_request_body
 from facefuse.serving.state import services
-from facefuse.serving.template_records import (
+from facefuse.serving.templates.records import (
     MAX_METADATA,
     MAX_METADATA_KEY,
     MAX_METADATA_VALUE,
     MAX_NAME,
+    Template,
     check_labels,
 )
-from facefuse.serving.templates import Template, template_id
+from facefuse.serving.templates.store import template_id
 
-__all__ = ["router"]
+__all__ = ["admin", "api"]
 
-#: What the template routes add to the common errors.
-_GONE: dict[int | str, dict[str, Any]] = {
-    410: {"model": ErrorBody, "description": "Template damaged or lost (set aside)"}}
 api = APIRouter(prefix="/v1", dependencies=[Depends(require_key)],
-                responses={**_ERRORS, **_GONE}, tags=["templates"])
+                responses={**ERRORS, **GONE}, tags=["templates"])
 admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)],
-                  responses={**_ERRORS, **_GONE,
+                  responses={**ERRORS, **GONE,
                              409: {"model": ErrorBody, "description":
                                    "Image registered already with other labels"},
                              507: {"model": ErrorBody, "description": "Template store full"}},
                   tags=["templates", "admin"])
 
 
-class TemplateParams(_Params):
+class TemplateParams(Params):
     """Fields of ``POST /v1/templates`` besides the image."""
 
     name: str = Field("", max_length=MAX_NAME, description="A label for people.")
@@ -95,7 +88,7 @@ class TemplateParams(_Params):
 
 def _detail(t: Template) -> dict[str, Any]:
     return {**t.summary(),
-            "faces": [{"index": i, **_face_json(f)} for i, f in enumerate(t.faces)]}
+            "faces": [{"index": i, **face_json(f)} for i, f in enumerate(t.faces)]}
 
 
 @admin.post(
@@ -137,14 +130,14 @@ async def create_template(request: Request) -> JSONResponse:
     if not created:
         stored = await store.get(template.id)
         if (stored.name, stored.metadata) != (template.name, template.metadata):
-            _mark(request, template=stored.id, created=False)
+            mark(request, template=stored.id, created=False)
             exc = TemplateExistsError(
                 f"this image is registered already as template {stored.id} with another "
                 "name or metadata; delete it first to register it again")
             return JSONResponse({"error": {"code": exc.code, "message": exc.message,
                                            "id": stored.id}}, status_code=exc.http_status)
         template = stored
-    _mark(request, template=template.id, created=created)
+    mark(request, template=template.id, created=created)
     return JSONResponse(_detail(template), status_code=201 if created else 200)
 
 
@@ -214,60 +207,3 @@ async def fuse_template(request: Request, template: str) -> Response:
         request, ctx, req, stored.image, key, t0, target_analysis=analysis,
         target_purpose="all", marks={"template": stored.id},
         miss_marks={"template_analysis": "stored" if fresh else "recomputed"})
-
-
-@api.get("/capabilities", summary="Models, options and ranges, limits, mapping, provenance")
-async def capabilities(request: Request) -> dict[str, Any]:
-    """Everything a client may check before sending: which models run at which
-    precision, every fusion option with its range and default, the swappers a
-    request may name (``name``, ``kind``, ``needs_source_embedding``) and the one
-    used when it names none, the image and
-    body limits, the smallest usable face, the mapping maximum, and how outputs
-    are marked (XMP, label, C2PA)."""
-    svc = services(request)
-    s = svc.settings
-    options: dict[str, Any] = {}
-    for name, prop in FuseParams.model_json_schema()["properties"].items():
-        if name == "mapping":
-            continue
-        entry = {k: prop[k] for k in ("type", "minimum", "maximum", "enum", "default")
-                 if k in prop}
-        if "anyOf" in prop:  # optional numbers, choices with old spellings: the first branch
-            num: dict[str, Any] = next(
-                (b for b in prop["anyOf"] if b.get("type") != "null"), {})
-            entry.update({k: num[k] for k in ("type", "minimum", "maximum", "enum") if k in num})
-        options[name] = entry
-    fuser = svc.pipeline.fuser if svc.pipeline is not None else None
-    swappers = [i.to_dict() for i in fuser.describe_swappers()] if fuser is not None else []
-    default = fuser.default_swapper if fuser is not None else s.swapper
-    options["swapper"].update(type="string", default=default)
-    if swappers:
-        options["swapper"]["enum"] = [sw["name"] for sw in swappers]
-    output = (svc.pipeline.output.describe() if svc.pipeline is not None else None)
-    store = svc.templates
-    return {
-        "models": [{"name": r.name, "task": r.task, "precision": r.precision,
-                    "provider": r.provider, "version": r.version} for r in svc.model_rows()],
-        "precision": s.precision,
-        "options": options,
-        "swappers": {"default": default, "choices": swappers},
-        "formats": ["jpeg", "png", "webp"],
-        "limits": {"max_body_bytes": s.max_body_bytes, "max_image_bytes": s.max_bytes,
-                   "max_pixels": s.max_pixels, "min_side": s.min_side,
-                   "min_face_eye_distance_px": MIN_EYE_DISTANCE_PX,
-                   "max_abs_yaw_deg": MAX_ABS_YAW_DEG,
-                   "skipped_faces_header": SKIPPED_HEADER,
-                   "request_timeout_s": s.request_timeout_s},
-        "mapping": {"max_entries": MAX_MAPPINGS, "source_fields": list(SOURCE_FIELDS),
-                    "target": "face index (largest first) or [x0, y0, x1, y1] pixels"},
-        "provenance": output,
-        "templates": {"backend": store.kind if store else None,
-                      "max_count": store.max_count if store else 0,
-                      "max_bytes": store.max_bytes if store else 0},
-        "auth": {"api_keys": svc.keys.enabled},
-    }
-
-
-router = APIRouter()
-router.include_router(api)
-router.include_router(admin)

@@ -3,7 +3,7 @@
 Images: ``source`` and optionally ``source_1`` … ``source_5`` (without a mapping:
 photos of one person, the best face is used; with a mapping: indexed 0 … 5), an
 optional ``reference``, and ``target`` where the route takes one. Options:
-:class:`~facefuse.serving.schemas.FuseParams`.
+:class:`~facefuse.serving.routes.schemas.FuseParams`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from starlette.requests import Request
 from facefuse.errors import InvalidArgumentError, MappingError
 from facefuse.fusion.engine import FaceFuser
 from facefuse.fusion.mapping import MAX_MAPPINGS, FacePair, parse_mapping
+from facefuse.fusion.select import check_reference
 from facefuse.fusion.swappers import SwapperInfo
 from facefuse.fusion.types import FuseOptions
 from facefuse.serving.cache.keys import sha256_hex
-from facefuse.serving.inputs import read_request, validate_params
-from facefuse.serving.schemas import FuseParams
+from facefuse.serving.http.inputs import read_request, validate_params
+from facefuse.serving.routes.schemas import FuseParams
 
-__all__ = ["SOURCE_FIELDS", "FuseRequest", "check_reference", "numbered_sources",
-           "read_fuse_request", "request_mapping"]
+__all__ = ["SOURCE_FIELDS", "FuseRequest", "numbered_sources", "read_fuse_request",
+           "request_mapping"]
 
 #: The source image fields, in mapping index order.
 SOURCE_FIELDS: tuple[str, ...] = ("source", *(f"source_{i}" for i in range(1, MAX_MAPPINGS)))
@@ -75,7 +76,7 @@ async def read_fuse_request(request: Request, fuser: FaceFuser, *,
     sources = numbered_sources(images)
     mapping = request_mapping(params.mapping, len(sources))
     reference = images.get("reference")
-    check_reference(options.mode, reference, mapping)
+    check_reference(options.mode, reference is not None, mapping is not None)
     return FuseRequest(sources, images.get("target"), reference, params, options, mapping,
                        fuser.swapper_info(options.swapper))
 
@@ -122,12 +123,3 @@ def request_mapping(raw: Sequence[Any] | None, sources: int) -> tuple[FacePair, 
                                f"target face {target}", code="mapping_duplicate_target")
         seen[target] = n
     return pairs
-
-
-def check_reference(mode: str, reference: bytes | None,
-                    mapping: tuple[FacePair, ...] | None) -> None:
-    """Raise ``reference_required`` for ``mode=reference`` without a reference image
-    (and without a mapping, which chooses the faces itself)."""
-    if mode == "reference" and reference is None and mapping is None:
-        raise InvalidArgumentError("mode 'reference' needs a 'reference' image",
-                                   code="reference_required")

@@ -1,7 +1,5 @@
-"""API keys and the request body limit.
+"""API keys.
 
-API keys
---------
 Two settings (``Settings.api_keys`` / ``admin_keys``, read from these environment
 variables like every setting), each a list of entries separated by commas and/or
 whitespace (so a mounted secret file with one key per line works too)::
@@ -30,28 +28,17 @@ Tokens are compared in constant time against every configured key
 (:func:`hmac.compare_digest` over SHA-256 digests, so neither the position of the
 first wrong character nor the token length leaks). Tokens never appear in logs,
 errors or ``repr``.
-
-Body limit
-----------
-:class:`BodyLimitMiddleware` answers 413 ``body_too_large`` when the declared
-``Content-Length`` is over the limit — before reading any of the body — and, for
-chunked uploads without a length, as soon as the bytes received so far exceed it,
-without reading the rest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
 
 from facefuse.config import Settings
 from facefuse.errors import (
-    BodyTooLargeError,
     ForbiddenError,
     InvalidArgumentError,
     UnauthorizedError,
@@ -61,7 +48,6 @@ __all__ = [
     "MIN_TOKEN_LENGTH",
     "ApiKey",
     "ApiKeys",
-    "BodyLimitMiddleware",
     "bearer_token",
 ]
 
@@ -216,115 +202,3 @@ class ApiKeys:
         if admin and not key.admin:
             raise ForbiddenError("this route needs an admin key")
         return key.label
-
-
-# --- body limit (pure ASGI) --------------------------------------------------------------
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class BodyLimitMiddleware:
-    """Reject request bodies over ``max_bytes`` with 413 ``body_too_large``, early.
-
-    * A ``Content-Length`` over the limit is answered at once; the app is not called
-      and no body byte is read (a client waiting on ``Expect: 100-continue`` never
-      gets the go-ahead).
-    * Otherwise the body is counted as the app pulls it; the chunk that crosses the
-      limit makes ``receive`` raise :class:`~facefuse.errors.BodyTooLargeError`, no
-      further chunk is read, and whatever the app then answers (its own error
-      handler's JSON, a framework's 400 for "could not parse the body", or nothing)
-      is replaced by the 413, as long as the response has not started.
-
-    Install it outermost (``app.add_middleware(BodyLimitMiddleware, max_bytes=...)``
-    in FastAPI, or wrap the app object).
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError("max_bytes must be >= 0")
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._reject(send, declared)
-            return
-
-        received = 0
-        exceeded = False
-        started = False
-        rejected = False
-
-        async def limited_receive() -> Message:
-            nonlocal received, exceeded
-            if exceeded:
-                raise BodyTooLargeError(self._message(None))
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    exceeded = True
-                    raise BodyTooLargeError(self._message(None))
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            nonlocal started, rejected
-            if exceeded and not started:
-                # Replace whatever the app answers with our 413 (once).
-                if not rejected:
-                    rejected = True
-                    await self._reject(send, None)
-                return
-            if rejected:
-                return
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except BodyTooLargeError:
-            if not exceeded:
-                raise
-        if exceeded and not started and not rejected:
-            rejected = True
-            await self._reject(send, None)
-
-    def _message(self, declared: int | None) -> str:
-        got = f"declared {declared} bytes" if declared is not None else "body too large"
-        return f"request body over the {self.max_bytes}-byte limit ({got})"
-
-    async def _reject(self, send: Send, declared: int | None) -> None:
-        body = json.dumps(BodyTooLargeError(self._message(declared)).to_dict()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": BodyTooLargeError.http_status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _content_length(scope: Scope) -> int | None:
-    """The declared ``Content-Length``, or None when absent or not a number."""
-    for name, value in scope.get("headers", ()):
-        if name.lower() == b"content-length":
-            try:
-                n = int(value)
-            except ValueError:
-                return None
-            return n if n >= 0 else None
-    return None

@@ -88,8 +88,10 @@ from facefuse.fusion.engine import FaceFuser
 from facefuse.imaging.encode import content_type
 from facefuse.imaging.output import OutputPolicy
 from facefuse.serving.heap import release_free_heap
-from facefuse.serving.jobs import ACTOR, QUEUE, JobStore, broker, job_options
-from facefuse.video.engine import VideoFuser, frame_threads_only
+from facefuse.serving.jobs.queue import ACTOR, QUEUE, broker
+from facefuse.serving.jobs.store import JobStore, job_options
+from facefuse.video.engine import frame_threads_only
+from facefuse.video.fuser import VideoFuser
 
 __all__ = ["JobRunner", "WorkClock", "run_worker", "tree_pss_mb"]
 
@@ -446,7 +448,6 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
     """Run a worker until SIGTERM/SIGINT, hand its job on and end the process with
     status 0 (see the module docstring: the stop is bounded, the exit skips the
     interpreter's teardown)."""
-    import dramatiq
     from dramatiq import Worker
 
     frame_threads_only()  # before any thread: its work is mostly clips
@@ -464,13 +465,7 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
     fuser = FaceFuser(settings)
     metrics = WorkerMetrics()
     runner = JobRunner(settings, store, fuser, metrics)
-    dramatiq.actor(actor_name=ACTOR, queue_name=QUEUE, broker=q,
-                   max_retries=settings.jobs_max_tries, min_backoff=200, max_backoff=2000,
-                   # Never: the job keeps its own clock (WorkClock), which does not
-                   # count the waits for Redis that Dramatiq's would interrupt.
-                   time_limit=float("inf"),
-                   # Typed errors end the job themselves; only crashes and hand-backs retry.
-                   throws=(FacefuseError,))(runner)
+    _register(q, settings, runner)
     stop = threading.Event()
     if metrics_port:
         from prometheus_client import start_http_server
@@ -479,16 +474,7 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
     threading.Thread(target=metrics.poll, args=(store, stop, sweep), daemon=True,
                      name="queue-gauges").start()
 
-    def on_signal(signum: int, _frame: object) -> None:
-        if stop.is_set():  # a second signal: no more grace
-            runner.handing_back.set()
-        stop.set()
-
-    runner.on_retire = lambda _mb: stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _stop_on_signals(stop, runner)
     worker = Worker(q, worker_threads=1, worker_timeout=1000)
     worker.queue_prefetch = 1  # one job at a time: the rest wait where others can take them
     worker.start()
@@ -503,6 +489,34 @@ def run_worker(settings: Settings, *, metrics_port: int = 0) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)
+
+
+def _register(q: Any, settings: Settings, runner: JobRunner) -> None:
+    """Make ``runner`` the broker's :data:`ACTOR` on the :data:`QUEUE`."""
+    import dramatiq
+
+    dramatiq.actor(actor_name=ACTOR, queue_name=QUEUE, broker=q,
+                   max_retries=settings.jobs_max_tries, min_backoff=200, max_backoff=2000,
+                   # Never: the job keeps its own clock (WorkClock), which does not
+                   # count the waits for Redis that Dramatiq's would interrupt.
+                   time_limit=float("inf"),
+                   # Typed errors end the job themselves; only crashes and hand-backs retry.
+                   throws=(FacefuseError,))(runner)
+
+
+def _stop_on_signals(stop: threading.Event, runner: JobRunner) -> None:
+    """SIGTERM / SIGINT set ``stop`` (a second one: hand the job back at once), as does
+    the runner retiring above its memory limit; SIGUSR1 dumps every thread's stack."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():  # a second signal: no more grace
+            runner.handing_back.set()
+        stop.set()
+
+    runner.on_retire = lambda _mb: stop.set()
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 #: Seconds between two looks at the stop flag of a waiting main thread.

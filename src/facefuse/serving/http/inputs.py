@@ -16,7 +16,7 @@ Option fields are validated with a pydantic model naming the field. JSON values
 are typed, so they are validated strictly: ``"degree": "50"`` or
 ``"degree": true`` is a 422, only ``50`` / ``50.0`` is a number. Multipart text
 fields are strings by nature and are parsed (``degree=50``). The body size is
-bounded before this runs (:class:`~facefuse.serving.security.BodyLimitMiddleware`).
+bounded before this runs (:class:`~facefuse.serving.http.body_limit.BodyLimitMiddleware`).
 """
 
 from __future__ import annotations

@@ -13,30 +13,36 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
-from facefuse.fusion.types import FuseOptions, option_specs, option_type
-from facefuse.serving.inputs import MAX_JSON_DEPTH, json_too_deep
+from facefuse.fusion.types import FuseOptions, declared
+from facefuse.serving.http.inputs import MAX_JSON_DEPTH, json_too_deep
+from facefuse.video.options import VideoOptions
 
 __all__ = [
     "EmbedParams",
     "ErrorBody",
     "FacesParams",
+    "FuseOptionParams",
     "FuseParams",
+    "Params",
     "VerifyParams",
+    "VideoParams",
     "image_request_body",
 ]
 
 
-class _Params(BaseModel):
+class Params(BaseModel):
+    """The base of every option model: unknown fields refused, values frozen, no NaN."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def _option_fields() -> dict[str, Any]:
-    """The pydantic fields of every fusion option offered over HTTP, made from
-    :class:`FuseOptions`'s declaration (type, default, range, description)."""
+def _option_fields(options: type) -> dict[str, Any]:
+    """The pydantic fields of every option of ``options`` (:class:`FuseOptions`,
+    :class:`VideoOptions`) offered over HTTP, made from its declaration (type, default,
+    range, description)."""
     out: dict[str, Any] = {}
-    for f, spec in option_specs():
+    for f, spec, hint in declared(options):
         if spec.http:
-            hint = option_type(f.name)
             for kind in {type(old) for old, _ in spec.legacy}:  # old spellings still taken
                 hint = hint | kind
             out[f.name] = (hint, Field(
@@ -45,13 +51,14 @@ def _option_fields() -> dict[str, Any]:
 
 
 if TYPE_CHECKING:
-    _FuseOptionParams = _Params
+    FuseOptionParams = Params
 else:
-    _FuseOptionParams = create_model("FuseOptionParams", __base__=_Params, **_option_fields())
+    FuseOptionParams = create_model("FuseOptionParams", __base__=Params,
+                                    **_option_fields(FuseOptions))
 
 
 # The fusion options (declared once, on FuseOptions), then the output and the mapping.
-class FuseParams(_FuseOptionParams):
+class FuseParams(FuseOptionParams):
     """Options of ``POST /v1/fuse``."""
 
     format: Literal["jpeg", "png", "webp"] = Field("jpeg", description="Output format.")
@@ -68,7 +75,7 @@ class FuseParams(_FuseOptionParams):
 
     def options(self) -> FuseOptions:
         """The fusion options these parameters give."""
-        return FuseOptions(**{name: getattr(self, name) for name in _FuseOptionParams.model_fields})
+        return FuseOptions(**{name: getattr(self, name) for name in FuseOptionParams.model_fields})
 
     @field_validator("mapping", mode="before")
     @classmethod
@@ -93,18 +100,26 @@ class FuseParams(_FuseOptionParams):
         return v
 
 
-class FacesParams(_Params):
+# A clip's options (declared once, on VideoOptions) besides those of a fusion.
+if TYPE_CHECKING:
+    VideoParams = FuseParams
+else:
+    VideoParams = create_model("VideoParams", __base__=FuseParams,
+                               **_option_fields(VideoOptions))
+
+
+class FacesParams(Params):
     """Options of ``POST /v1/faces``."""
 
     landmarks: bool = Field(False, description="Include the 478-point mesh of each face.")
     attributes: bool = Field(False, description="Estimate age and gender.")
 
 
-class EmbedParams(_Params):
+class EmbedParams(Params):
     """``POST /v1/embed`` takes no options."""
 
 
-class VerifyParams(_Params):
+class VerifyParams(Params):
     """``POST /v1/verify`` takes no options."""
 
 

@@ -7,7 +7,7 @@ starts a timer when a connection opens and when the first byte of each request
 arrives; if the headers are not complete within ``Settings.header_timeout_s`` it
 answers ``408 Request Timeout`` and closes the connection. Headers of more than
 :data:`MAX_HEADER_BYTES` are answered ``431`` and closed. (The body is guarded by
-:class:`~facefuse.serving.middleware.BodyReader`.)
+:class:`~facefuse.serving.http.upload.BodyReader`.)
 
 The timeout comes from the :class:`~facefuse.config.Settings` that
 :class:`~facefuse.serving.run.SettingsConfig` carries (uvicorn hands every protocol
