@@ -53,8 +53,9 @@ from facefuse.faces.analyser import FaceAnalyser  # noqa: E402
 from facefuse.fusion.engine import FaceFuser  # noqa: E402
 from facefuse.fusion.types import FuseOptions  # noqa: E402
 from facefuse.imaging.decode import decode_image  # noqa: E402
+from facefuse.live.loop import live_options  # noqa: E402
 from facefuse.toolchain.clips import Scene, motion_frames  # noqa: E402
-from facefuse.video.engine import ClipFusion, VideoOptions  # noqa: E402
+from facefuse.video.engine import ClipFusion  # noqa: E402
 from report import machine, machine_line, publish, write_json  # noqa: E402
 
 CAMERA, SOURCE = "obama", "biden"
@@ -87,8 +88,7 @@ def camera_frames(analyser: FaceAnalyser, photo: np.ndarray, height: int) -> lis
 
 def offline_fps(fuser: FaceFuser, frames: list[np.ndarray], source: Path) -> float:
     """The same per-frame pipeline, one thread, no WebRTC (frames after the first 10)."""
-    state = ClipFusion(fuser, VideoOptions(fuse=FuseOptions(degree=80), threads=1,
-                                           processes=False), [source])
+    state = ClipFusion(fuser, live_options(FuseOptions(degree=80)), [source])
     times = []
     for i, rgb in enumerate(frames * 2):
         t0 = time.perf_counter()

@@ -19,6 +19,7 @@ from facefuse.fusion.geometry import eye_distance, fused_shape
 from facefuse.fusion.swappers.classic import regions
 from facefuse.fusion.swappers.classic.swapper import CLIP_WORK_EYE_PX, WORK_EYE_PX, ClassicSwapper
 from facefuse.fusion.types import FuseOptions
+from facefuse.live.loop import LIVE_WORK_EYE_PX, live_options
 from facefuse.toolchain.measures import occluder_survival
 from facefuse.toolchain.synthetic import paste_facial_hair, paste_glasses
 from facefuse.toolchain.trials import Sample
@@ -243,3 +244,35 @@ def test_a_clip_frame_renders_at_the_clip_scale_as_a_photo_would(
     inside = np.minimum(photo.mask, clip.mask) > 0.5
     diff = np.abs(photo.face - clip.face).max(axis=2)[inside]
     assert 0.0 < float(diff.mean()) < 2.0, float(diff.mean())
+
+
+def test_a_clip_asking_its_own_working_eye_distance_renders_its_carried_frames_at_it(
+        fuser: FaceFuser, sample_paths: dict[str, Path], samples: dict[str, Sample],
+        moving: list[tuple[np.ndarray, np.ndarray, Sample]]) -> None:
+    """A live session's clip state carries its working eye distance with each face's
+    findings, and the swapper renders those frames at it, as one made with it as
+    its clip scale would; the face comes out within a grey level or two of the
+    clip's scale on average."""
+    with pytest.raises(InvalidArgumentError, match="work_eye_px"):
+        VideoOptions(work_eye_px=8.0)
+    state = ClipFusion(fuser, live_options(FuseOptions()), [sample_paths["obama"]])
+    for i, (frame, _, _) in enumerate(moving[:2]):
+        state.process(frame, i, i / 25.0)
+    (track,) = state.tracker.tracks
+    assert track.carried is not None and track.carried.work_eye_px == LIVE_WORK_EYE_PX
+
+    source = samples["obama"]
+    frame, _, s = moving[1]
+    options = FuseOptions(evaluate=False)
+    clip = ClassicSwapper()
+    assert eye_distance(s.landmarks) > CLIP_WORK_EYE_PX > LIVE_WORK_EYE_PX
+    carried = clip.carry(moving[0][0], moving[0][2].faces[0], options, source.faces[0])
+    asked = dataclasses.replace(carried, work_eye_px=LIVE_WORK_EYE_PX)
+    live = clip.render(source.image, source.faces[0], frame, s.faces[0], options, asked)
+    made = ClassicSwapper(clip_eye_px=LIVE_WORK_EYE_PX).render(
+        source.image, source.faces[0], frame, s.faces[0], options, carried)
+    at_clip = clip.render(source.image, source.faces[0], frame, s.faces[0], options, carried)
+    assert np.array_equal(live.face, made.face) and np.array_equal(live.mask, made.mask)
+    inside = np.minimum(live.mask, at_clip.mask) > 0.5
+    diff = np.abs(live.face - at_clip.face).max(axis=2)[inside]
+    assert 0.0 < float(diff.mean()) < 2.5, float(diff.mean())

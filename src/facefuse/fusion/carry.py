@@ -79,6 +79,9 @@ class Carried:
             frame looks again.
         triangles: (T, 3) a triangulation of the fused mesh on the frame found
             (see :meth:`triangles_for`), or None.
+        work_eye_px: the eye distance (pixels) the frames it serves are rendered at
+            when their face is larger (a live session's, lower than a clip's), or
+            None: the swapper's own for a clip's frames.
     """
 
     mask: np.ndarray | None
@@ -88,6 +91,7 @@ class Carried:
     iris: IrisReading | None
     cut: bool = False
     triangles: np.ndarray | None = None
+    work_eye_px: float | None = None
 
     def triangles_for(self, points: np.ndarray,
                       triangulate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:

@@ -25,6 +25,11 @@ Changes asked for while frames flow (a degree, a new source) are queued as
 callables and applied by that thread between two plans, in order (a render
 already running finishes with what it started with).
 
+A session's clip state is made with :func:`live_options`: a camera's frames are
+rendered at a lower working resolution than a clip's, and a face's glasses and
+facial hair looked for half as often (the CPU a frame takes is what bounds a
+session's fps on a few shared cores).
+
 Output frames keep the input's timestamps. Where faces were fused only their
 regions are converted back to the camera's 4:2:0 picture
 (:func:`~facefuse.video.io.patched_picture`); a frame with no face fused is the
@@ -47,11 +52,13 @@ import cv2
 import numpy as np
 
 from facefuse.fusion.swappers.base import FaceLayer
+from facefuse.fusion.types import FuseOptions
 from facefuse.live.render import ForkedRenderer, forkable
-from facefuse.video.engine import ClipFusion, FramePlan
+from facefuse.video.engine import ClipFusion, FramePlan, VideoOptions
 from facefuse.video.io import patched_picture
 
-__all__ = ["FrameLoop", "LiveFigures", "LiveObserver"]
+__all__ = ["LIVE_REGIONS_EVERY", "LIVE_WORK_EYE_PX", "FrameLoop", "LiveFigures",
+           "LiveObserver", "live_options"]
 
 log = logging.getLogger("facefuse.live")
 
@@ -63,6 +70,24 @@ LATENCY_WINDOW = 600
 RATE_WINDOW_S = 2.0
 #: The weight of the newest time in the smoothed plan and render times.
 _SMOOTH = 0.2
+#: The eye distance (pixels) a live frame's face is rendered at when it is larger (a
+#: clip's: :data:`~facefuse.fusion.swappers.classic.swapper.CLIP_WORK_EYE_PX`); the
+#: layer is still put together at the camera's resolution, its detail from the
+#: source at its own. See docs/live.md, "Where a frame's time goes", for what it
+#: saved and what it changed.
+LIVE_WORK_EYE_PX = 56.0
+#: Frames a face's glasses, facial hair and iris colour are carried (a clip's: 4);
+#: sooner when the face turns, changes expression or size.
+LIVE_REGIONS_EVERY = 8
+
+
+def live_options(fuse: FuseOptions) -> VideoOptions:
+    """The clip options a live session's frames are fused with: ``fuse``, rendered
+    at :data:`LIVE_WORK_EYE_PX`, the worn regions carried
+    :data:`LIVE_REGIONS_EVERY` frames (the frame loop renders, not the clip
+    engine's workers)."""
+    return VideoOptions(fuse=fuse, threads=1, processes=False,
+                        regions_every=LIVE_REGIONS_EVERY, work_eye_px=LIVE_WORK_EYE_PX)
 
 
 class LiveObserver(Protocol):

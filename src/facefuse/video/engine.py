@@ -130,6 +130,10 @@ class VideoOptions:
             found every this many frames and moved with the face between
             (:mod:`facefuse.fusion.carry`; sooner when the face turns, changes
             expression or size; 1: found on every frame, as for a photo).
+        work_eye_px: the eye distance (pixels) the frames rendered with carried
+            findings are rendered at when their face is larger (None: the
+            swapper's own for clips); a live session renders lower (see
+            :mod:`facefuse.live.loop`).
     """
 
     fuse: FuseOptions = field(default_factory=FuseOptions)
@@ -141,6 +145,7 @@ class VideoOptions:
     iris_every: int = 2
     regions_every: int = 4
     processes: bool = True
+    work_eye_px: float | None = None
 
     def __post_init__(self) -> None:
         for name, high in (("detect_every", 300), ("window", 64), ("threads", 16),
@@ -149,6 +154,10 @@ class VideoOptions:
             if not isinstance(value, int) or not 1 <= value <= high:
                 raise InvalidArgumentError(f"{name} must be an integer in 1..{high}",
                                            code=f"invalid_{name}")
+        eye = self.work_eye_px
+        if eye is not None and not 16.0 <= eye <= 256.0:
+            raise InvalidArgumentError("work_eye_px must be in 16..256 pixels",
+                                       code="invalid_work_eye_px")
 
 
 @dataclass
@@ -510,6 +519,8 @@ class ClipFusion:
         assert face.landmarks is not None
         if c is None or index - tr.carried_at >= every or not c.fits(face.landmarks):
             c = self.swapper.carry(rgb, face, self._render_options, source)
+            if c is not None and self.options.work_eye_px is not None:
+                c = dataclasses.replace(c, work_eye_px=self.options.work_eye_px)
             tr.carried_at = index
         tr.carried = c
         return c
