@@ -214,16 +214,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             long_run["rss_growth_mb"] = round(rss[-1][1] - after_minute, 1)
             long_run["rss_growth_from_start_mb"] = round(rss[-1][1] - rss[0][1], 1)
             print({k: v for k, v in long_run.items() if k != "rss_mb"}, flush=True)
-    return {"machine": machine(), "render_threads": args.render_threads,
+    return {"machine": machine(), "label": args.label, "render_threads": args.render_threads,
             "render_processes": args.render_processes,
             "camera_fps": CAMERA_FPS, "load_before": os.getloadavg(), "rows": rows,
             "long": long_run}
 
 
 def _mode(run_: dict[str, Any]) -> str:
-    """How a run rendered: ``process`` (a forked child per session) or ``threads``."""
+    """How a run rendered: ``process`` (a forked child per session) or ``threads``
+    (and the tree's label, when given)."""
     mode = "process" if run_.get("render_processes") else "threads"
-    return mode if run_["render_threads"] == 1 else f"{mode}, {run_['render_threads']} in flight"
+    if run_["render_threads"] != 1:
+        mode = f"{mode}, {run_['render_threads']} in flight"
+    return f"{run_['label']}: {mode}" if run_.get("label") else mode
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float:
@@ -327,6 +330,8 @@ def main() -> None:
     ap.add_argument("--long-seconds", type=float, default=0.0)
     ap.add_argument("--benchmarks", action="store_true", help="write BENCHMARKS.md's section")
     ap.add_argument("--out", help="write live.json here instead of bench/results/")
+    ap.add_argument("--label", default="", help="name the tree measured in the tables "
+                    "(runs of two trees in turn)")
     ap.add_argument("--section-from", metavar="JSON", nargs="+",
                     help="only rewrite BENCHMARKS.md's section from saved live.json files "
                     "(the first's long session; every file's rows, one run each)")

@@ -250,16 +250,24 @@ def test_a_clip_asking_its_own_working_eye_distance_renders_its_carried_frames_a
         fuser: FaceFuser, sample_paths: dict[str, Path], samples: dict[str, Sample],
         moving: list[tuple[np.ndarray, np.ndarray, Sample]]) -> None:
     """A live session's clip state carries its working eye distance with each face's
-    findings, and the swapper renders those frames at it, as one made with it as
-    its clip scale would; the face comes out within a grey level or two of the
-    clip's scale on average."""
+    findings where it shrinks the face by no more than it allows (a face too large
+    is left to the swapper's clip scale), and the swapper renders those frames at
+    it, as one made with it as its clip scale would; the face comes out within a
+    grey level or two of the clip's scale on average."""
     with pytest.raises(InvalidArgumentError, match="work_eye_px"):
         VideoOptions(work_eye_px=8.0)
-    state = ClipFusion(fuser, live_options(FuseOptions()), [sample_paths["obama"]])
-    for i, (frame, _, _) in enumerate(moving[:2]):
-        state.process(frame, i, i / 25.0)
-    (track,) = state.tracker.tracks
-    assert track.carried is not None and track.carried.work_eye_px == LIVE_WORK_EYE_PX
+    with pytest.raises(InvalidArgumentError, match="work_min_scale"):
+        VideoOptions(work_min_scale=1.5)
+    live = live_options(FuseOptions())
+    eye = eye_distance(moving[0][2].landmarks)
+    assert live.work_min_scale * eye > LIVE_WORK_EYE_PX  # the face is too large ...
+    for options, asked in ((live, None), (dataclasses.replace(live, work_min_scale=0.0),
+                                          LIVE_WORK_EYE_PX)):
+        state = ClipFusion(fuser, options, [sample_paths["obama"]])
+        for i, (frame, _, _) in enumerate(moving[:2]):
+            state.process(frame, i, i / 25.0)
+        (track,) = state.tracker.tracks
+        assert track.carried is not None and track.carried.work_eye_px == asked
 
     source = samples["obama"]
     frame, _, s = moving[1]

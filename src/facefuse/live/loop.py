@@ -26,10 +26,10 @@ Changes asked for while frames flow (a degree, a new source) are queued as
 callables and applied by that thread between two plans, in order (a render
 already running finishes with what it started with).
 
-A session's clip state is made with :func:`live_options`: a camera's frames are
-rendered at a lower working resolution than a clip's, and a face's glasses and
-facial hair looked for half as often (the CPU a frame takes is what bounds a
-session's fps on a few shared cores).
+A session's clip state is made with :func:`live_options`: a small face (a 640x480
+camera's) is rendered at a lower working resolution than a clip's, and a face's
+glasses and facial hair looked for half as often (the CPU a frame takes is what
+bounds a session's fps on a few shared cores).
 
 Output frames keep the input's timestamps. Where faces were fused only their
 regions are converted back to the camera's 4:2:0 picture
@@ -58,8 +58,8 @@ from facefuse.live.render import ForkedRenderer, forkable
 from facefuse.video.engine import ClipFusion, FramePlan, VideoOptions
 from facefuse.video.io import patched_picture
 
-__all__ = ["LIVE_REGIONS_EVERY", "LIVE_WORK_EYE_PX", "FrameLoop", "LiveFigures",
-           "LiveObserver", "live_options"]
+__all__ = ["LIVE_MIN_SCALE", "LIVE_REGIONS_EVERY", "LIVE_WORK_EYE_PX", "FrameLoop",
+           "LiveFigures", "LiveObserver", "live_options"]
 
 log = logging.getLogger("facefuse.live")
 
@@ -77,6 +77,11 @@ _SMOOTH = 0.2
 #: source at its own. See docs/live.md, "Where a frame's time goes", for what it
 #: saved and what it changed.
 LIVE_WORK_EYE_PX = 56.0
+#: ... for a face it shrinks to no less than this share of its own resolution (a
+#: 640x480 camera's face, ~67 px between the eyes: the same identity). A larger face
+#: (720p) renders as a clip's frames do: shrunk to 0.56 or 0.64 of its own, its
+#: embedding moved toward the target's in three of four strangers' pairs.
+LIVE_MIN_SCALE = 0.8
 #: Frames a face's glasses, facial hair and iris colour are carried (a clip's: 4);
 #: sooner when the face turns, changes expression or size.
 LIVE_REGIONS_EVERY = 8
@@ -84,11 +89,12 @@ LIVE_REGIONS_EVERY = 8
 
 def live_options(fuse: FuseOptions) -> VideoOptions:
     """The clip options a live session's frames are fused with: ``fuse``, rendered
-    at :data:`LIVE_WORK_EYE_PX`, the worn regions carried
-    :data:`LIVE_REGIONS_EVERY` frames (the frame loop renders, not the clip
+    at :data:`LIVE_WORK_EYE_PX` (within :data:`LIVE_MIN_SCALE`), the worn regions
+    carried :data:`LIVE_REGIONS_EVERY` frames (the frame loop renders, not the clip
     engine's workers)."""
     return VideoOptions(fuse=fuse, threads=1, processes=False,
-                        regions_every=LIVE_REGIONS_EVERY, work_eye_px=LIVE_WORK_EYE_PX)
+                        regions_every=LIVE_REGIONS_EVERY, work_eye_px=LIVE_WORK_EYE_PX,
+                        work_min_scale=LIVE_MIN_SCALE)
 
 
 class LiveObserver(Protocol):

@@ -133,7 +133,10 @@ class VideoOptions:
         work_eye_px: the eye distance (pixels) the frames rendered with carried
             findings are rendered at when their face is larger (None: the
             swapper's own for clips); a live session renders lower (see
-            :mod:`facefuse.live.loop`).
+            :mod:`facefuse.live.loop`) —
+        work_min_scale: — but only a face it would shrink to no less than this
+            share of its own resolution; a larger face is rendered at the swapper's
+            own (0: every face).
     """
 
     fuse: FuseOptions = field(default_factory=FuseOptions)
@@ -146,6 +149,7 @@ class VideoOptions:
     regions_every: int = 4
     processes: bool = True
     work_eye_px: float | None = None
+    work_min_scale: float = 0.0
 
     def __post_init__(self) -> None:
         for name, high in (("detect_every", 300), ("window", 64), ("threads", 16),
@@ -158,6 +162,9 @@ class VideoOptions:
         if eye is not None and not 16.0 <= eye <= 256.0:
             raise InvalidArgumentError("work_eye_px must be in 16..256 pixels",
                                        code="invalid_work_eye_px")
+        if not 0.0 <= self.work_min_scale <= 1.0:
+            raise InvalidArgumentError("work_min_scale must be in 0..1",
+                                       code="invalid_work_min_scale")
 
 
 @dataclass
@@ -519,8 +526,10 @@ class ClipFusion:
         assert face.landmarks is not None
         if c is None or index - tr.carried_at >= every or not c.fits(face.landmarks):
             c = self.swapper.carry(rgb, face, self._render_options, source)
-            if c is not None and self.options.work_eye_px is not None:
-                c = dataclasses.replace(c, work_eye_px=self.options.work_eye_px)
+            eye = self.options.work_eye_px
+            if (c is not None and eye is not None
+                    and eye >= self.options.work_min_scale * eye_distance(face.landmarks)):
+                c = dataclasses.replace(c, work_eye_px=eye)
             tr.carried_at = index
         tr.carried = c
         return c
