@@ -64,17 +64,24 @@ CAMERA_FPS = 30.0
 SECTION = "Live over WebRTC (`bench/live.py`)"
 #: What the figures say beyond the goals (written from the profile; see docs/live.md).
 FINDINGS = (
-    "A live frame is bound here by the CPU share the server gets on this shared host, "
-    "not by the interpreter lock (docs/live.md, \"Where a frame's time goes\"): the lock "
-    "was held about a third of the time, and the render took the same CPU (about 0.54 of "
-    "a core at 640x480) in a thread of the server or in its own process. Rendering in a "
-    "forked process per session measured no better than threads in runs in turn (its "
-    "medians a little lower, within the spread), so it stays off by default "
-    "(`FACEFUSE_LIVE_RENDER_PROCESSES`); planning the next frame while the child renders "
-    "(`--render-threads 2`) raised the fps a little and the latency a lot (p50 125-165 "
-    "ms in two runs under load). The goals are not met on this machine: what is left "
-    "is less CPU per frame (the render's occluder search and full-resolution layer, the "
-    "tracking's ONNX call) or more of a core per session.")
+    "Less CPU a frame (`live_options`, docs/live.md): a 640x480 camera's face (~67 px "
+    "between the eyes) is rendered at a 56-px working eye distance rather than a clip's "
+    "72, and a face's glasses, facial hair and iris colour are carried 8 frames rather "
+    "than 4. At 640x480 the server's CPU a fused frame (its cores over the fps received: "
+    "the fusion, the encode, and the VP8 decode of every camera frame) went from 59.5 to "
+    "52.1 ms (medians of the three runs of each tree, in turn), the fusion offline from "
+    "43.3 to 38.2 ms (0.88x); 1280x720 faces (~100 px) render as before, since at 56 or "
+    "64 px their fusion moved toward the target in three of four strangers' pairs, and "
+    "measured the same within the spread. The goals are still not met on this machine: "
+    "the host ran at a load of 4-12 (others' tests and benches on its 2 cores) and the "
+    "server got 0.5-0.8 of a core, where 20 fps at 640x480 needs about 1.05 for the "
+    "server alone (52 ms a fused frame) and 0.25 for the client. A live frame is bound by "
+    "that CPU share, not by the interpreter lock (docs/live.md, \"Where a frame's time "
+    "goes\"): rendering in a forked process per session measured no better than threads "
+    "(earlier sitting), and two frames in flight (`--render-threads 2`, the next frame "
+    "now taken as the render before ends, in threads too) raised the latency under load "
+    "(p50 170-185 ms against 96-99 with one, at a load of 7-10): both stay off by "
+    "default.")
 
 
 def camera_frames(analyser: FaceAnalyser, photo: np.ndarray, height: int) -> list[np.ndarray]:
@@ -243,8 +250,9 @@ def section(data: dict[str, Any]) -> list[str]:
         "2 cores (the client's VP8 encode and decode take from the server's CPU), and the "
         "machine **shared with other engineers' work** while measured (column *load*: the "
         "1-minute load average when the run ended; 2.0 is both cores busy): figures are "
-        "noisy, quoted as measured; the two ways of rendering were run in turn, in the "
-        "same sitting. Camera at 30 fps, a moving face ~200 px at 720p (scaled with the "
+        "noisy, quoted as measured; the runs compared (two trees, or two ways of "
+        "rendering) were made in turn, in the same sitting. Camera at 30 fps, a moving "
+        "face ~200 px at 720p (scaled with the "
         f"frame). {window:.0f} s windows after a 5 s warm-up. *Server cores* include its "
         "render process.",
         "",
@@ -287,7 +295,9 @@ def section(data: dict[str, Any]) -> list[str]:
     long_run = data.get("long")
     if long_run:
         rss = long_run["rss_mb"]
-        lines += ["", f"Long session, 640x480, {_mode(data)}, {long_run['seconds']:.0f} s: "
+        # (A long session measured in another sitting names its own tree and date.)
+        lines += ["", f"Long session, 640x480, {long_run.get('label') or _mode(data)}, "
+                  f"{long_run['seconds']:.0f} s: "
                   f"{long_run['fps_received']} fps received, latency p50/p95 "
                   f"{long_run['latency_p50_ms']}/{long_run['latency_p95_ms']} ms, server "
                   f"{long_run['server_cores']} cores; memory (the server's RSS and its render "
