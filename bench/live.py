@@ -53,8 +53,9 @@ from facefuse.faces.analyser import FaceAnalyser  # noqa: E402
 from facefuse.fusion.engine import FaceFuser  # noqa: E402
 from facefuse.fusion.types import FuseOptions  # noqa: E402
 from facefuse.imaging.decode import decode_image  # noqa: E402
+from facefuse.live.loop import live_options  # noqa: E402
 from facefuse.toolchain.clips import Scene, motion_frames  # noqa: E402
-from facefuse.video.engine import ClipFusion, VideoOptions  # noqa: E402
+from facefuse.video.engine import ClipFusion  # noqa: E402
 from report import machine, machine_line, publish, write_json  # noqa: E402
 
 CAMERA, SOURCE = "obama", "biden"
@@ -63,17 +64,24 @@ CAMERA_FPS = 30.0
 SECTION = "Live over WebRTC (`bench/live.py`)"
 #: What the figures say beyond the goals (written from the profile; see docs/live.md).
 FINDINGS = (
-    "A live frame is bound here by the CPU share the server gets on this shared host, "
-    "not by the interpreter lock (docs/live.md, \"Where a frame's time goes\"): the lock "
-    "was held about a third of the time, and the render took the same CPU (about 0.54 of "
-    "a core at 640x480) in a thread of the server or in its own process. Rendering in a "
-    "forked process per session measured no better than threads in runs in turn (its "
-    "medians a little lower, within the spread), so it stays off by default "
-    "(`FACEFUSE_LIVE_RENDER_PROCESSES`); planning the next frame while the child renders "
-    "(`--render-threads 2`) raised the fps a little and the latency a lot (p50 125-165 "
-    "ms in two runs under load). The goals are not met on this machine: what is left "
-    "is less CPU per frame (the render's occluder search and full-resolution layer, the "
-    "tracking's ONNX call) or more of a core per session.")
+    "Less CPU a frame (`live_options`, docs/live.md): a 640x480 camera's face (~67 px "
+    "between the eyes) is rendered at a 56-px working eye distance rather than a clip's "
+    "72, and a face's glasses, facial hair and iris colour are carried 8 frames rather "
+    "than 4. At 640x480 the server's CPU a fused frame (its cores over the fps received: "
+    "the fusion, the encode, and the VP8 decode of every camera frame) went from 59.5 to "
+    "52.1 ms (medians of the three runs of each tree, in turn), the fusion offline from "
+    "43.3 to 38.2 ms (0.88x); 1280x720 faces (~100 px) render as before, since at 56 or "
+    "64 px their fusion moved toward the target in three of four strangers' pairs, and "
+    "measured the same within the spread. The goals are still not met on this machine: "
+    "the host ran at a load of 4-12 (others' tests and benches on its 2 cores) and the "
+    "server got 0.5-0.8 of a core, where 20 fps at 640x480 needs about 1.05 for the "
+    "server alone (52 ms a fused frame) and 0.25 for the client. A live frame is bound by "
+    "that CPU share, not by the interpreter lock (docs/live.md, \"Where a frame's time "
+    "goes\"): rendering in a forked process per session measured no better than threads "
+    "(earlier sitting), and two frames in flight (`--render-threads 2`, the next frame "
+    "now taken as the render before ends, in threads too) raised the latency under load "
+    "(p50 170-185 ms against 96-99 with one, at a load of 7-10): both stay off by "
+    "default.")
 
 
 def camera_frames(analyser: FaceAnalyser, photo: np.ndarray, height: int) -> list[np.ndarray]:
@@ -87,8 +95,7 @@ def camera_frames(analyser: FaceAnalyser, photo: np.ndarray, height: int) -> lis
 
 def offline_fps(fuser: FaceFuser, frames: list[np.ndarray], source: Path) -> float:
     """The same per-frame pipeline, one thread, no WebRTC (frames after the first 10)."""
-    state = ClipFusion(fuser, VideoOptions(fuse=FuseOptions(degree=80), threads=1,
-                                           processes=False), [source])
+    state = ClipFusion(fuser, live_options(FuseOptions(degree=80)), [source])
     times = []
     for i, rgb in enumerate(frames * 2):
         t0 = time.perf_counter()
@@ -214,16 +221,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             long_run["rss_growth_mb"] = round(rss[-1][1] - after_minute, 1)
             long_run["rss_growth_from_start_mb"] = round(rss[-1][1] - rss[0][1], 1)
             print({k: v for k, v in long_run.items() if k != "rss_mb"}, flush=True)
-    return {"machine": machine(), "render_threads": args.render_threads,
+    return {"machine": machine(), "label": args.label, "render_threads": args.render_threads,
             "render_processes": args.render_processes,
             "camera_fps": CAMERA_FPS, "load_before": os.getloadavg(), "rows": rows,
             "long": long_run}
 
 
 def _mode(run_: dict[str, Any]) -> str:
-    """How a run rendered: ``process`` (a forked child per session) or ``threads``."""
+    """How a run rendered: ``process`` (a forked child per session) or ``threads``
+    (and the tree's label, when given)."""
     mode = "process" if run_.get("render_processes") else "threads"
-    return mode if run_["render_threads"] == 1 else f"{mode}, {run_['render_threads']} in flight"
+    if run_["render_threads"] != 1:
+        mode = f"{mode}, {run_['render_threads']} in flight"
+    return f"{run_['label']}: {mode}" if run_.get("label") else mode
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float:
@@ -240,8 +250,9 @@ def section(data: dict[str, Any]) -> list[str]:
         "2 cores (the client's VP8 encode and decode take from the server's CPU), and the "
         "machine **shared with other engineers' work** while measured (column *load*: the "
         "1-minute load average when the run ended; 2.0 is both cores busy): figures are "
-        "noisy, quoted as measured; the two ways of rendering were run in turn, in the "
-        "same sitting. Camera at 30 fps, a moving face ~200 px at 720p (scaled with the "
+        "noisy, quoted as measured; the runs compared (two trees, or two ways of "
+        "rendering) were made in turn, in the same sitting. Camera at 30 fps, a moving "
+        "face ~200 px at 720p (scaled with the "
         f"frame). {window:.0f} s windows after a 5 s warm-up. *Server cores* include its "
         "render process.",
         "",
@@ -284,7 +295,9 @@ def section(data: dict[str, Any]) -> list[str]:
     long_run = data.get("long")
     if long_run:
         rss = long_run["rss_mb"]
-        lines += ["", f"Long session, 640x480, {_mode(data)}, {long_run['seconds']:.0f} s: "
+        # (A long session measured in another sitting names its own tree and date.)
+        lines += ["", f"Long session, 640x480, {long_run.get('label') or _mode(data)}, "
+                  f"{long_run['seconds']:.0f} s: "
                   f"{long_run['fps_received']} fps received, latency p50/p95 "
                   f"{long_run['latency_p50_ms']}/{long_run['latency_p95_ms']} ms, server "
                   f"{long_run['server_cores']} cores; memory (the server's RSS and its render "
@@ -327,6 +340,8 @@ def main() -> None:
     ap.add_argument("--long-seconds", type=float, default=0.0)
     ap.add_argument("--benchmarks", action="store_true", help="write BENCHMARKS.md's section")
     ap.add_argument("--out", help="write live.json here instead of bench/results/")
+    ap.add_argument("--label", default="", help="name the tree measured in the tables "
+                    "(runs of two trees in turn)")
     ap.add_argument("--section-from", metavar="JSON", nargs="+",
                     help="only rewrite BENCHMARKS.md's section from saved live.json files "
                     "(the first's long session; every file's rows, one run each)")

@@ -8,6 +8,7 @@ import fractions
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,6 +177,46 @@ def test_changes_apply_between_frames_and_a_bad_frame_passes_through() -> None:
         loop.close()
 
 
+class SlowRender(FakeClip):
+    """A clip state whose renders take ``seconds``; records when each frame's plan began."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.gate.set()
+        self.seconds = seconds
+        self.began: dict[int, float] = {}
+
+    def plan(self, rgb: np.ndarray, index: int, t: float) -> Any:
+        self.began[int(rgb[0, 0, 0])] = time.monotonic()
+        return super().plan(rgb, index, t)
+
+    def render(self, plan: Any) -> list[Any]:
+        time.sleep(self.seconds)
+        return []
+
+
+def test_with_two_in_flight_the_next_frame_is_taken_as_the_render_before_ends() -> None:
+    """A frame is not taken the moment the one before starts rendering (it would only
+    wait there, older, while a newer one comes): about a render's time later, less
+    a plan's."""
+    clip, sink = SlowRender(0.3), Sink()
+    loop = FrameLoop(clip, sink, workers=2)  # type: ignore[arg-type]
+    try:
+        for n in (1, 2, 3):  # one by one: the loop learns how long a render takes
+            loop.offer(FakeFrame(n))
+            sink.wait(n)
+        loop.offer(FakeFrame(4))
+        deadline = time.monotonic() + TIMEOUT
+        while 4 not in clip.began and time.monotonic() < deadline:
+            time.sleep(0.005)
+        loop.offer(FakeFrame(5))  # one frame in flight of two, its render under way
+        out = sink.wait(5)
+        assert [f.n for f in out] == [1, 2, 3, 4, 5]
+        assert clip.began[5] - clip.began[4] > 0.15, clip.began
+    finally:
+        loop.close()
+
+
 # --- the render process -----------------------------------------------------------------
 
 
@@ -208,10 +249,10 @@ def moving_face(fuser: Any, sample_images: dict[str, np.ndarray]) -> list[Any]:
 
 def clip(fuser: Any, sample_paths: dict[str, Any], degree: int = 80) -> Any:
     from facefuse.fusion.types import FuseOptions
-    from facefuse.video.engine import ClipFusion, VideoOptions
+    from facefuse.live.loop import live_options
+    from facefuse.video.engine import ClipFusion
 
-    return ClipFusion(fuser, VideoOptions(fuse=FuseOptions(degree=degree), threads=1,
-                                          processes=False), [sample_paths["obama2"]])
+    return ClipFusion(fuser, live_options(FuseOptions(degree=degree)), [sample_paths["obama2"]])
 
 
 def fuse_one_by_one(loop: FrameLoop, sink: Sink, frames: list[Any],

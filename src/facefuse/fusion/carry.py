@@ -81,6 +81,9 @@ class Carried:
             (see :meth:`triangles_for`), or None.
         hair: (h, w) float32 in [0, 1], the face's facial hair (laid over the fused
             face) on the same grid as ``mask``, or None (none asked or found).
+        work_eye_px: the eye distance (pixels) the frames it serves are rendered at
+            when their face is larger (a live session's, lower than a clip's), or
+            None: the swapper's own for a clip's frames.
     """
 
     mask: np.ndarray | None
@@ -91,6 +94,7 @@ class Carried:
     cut: bool = False
     triangles: np.ndarray | None = None
     hair: np.ndarray | None = None
+    work_eye_px: float | None = None
 
     def triangles_for(self, points: np.ndarray,
                       triangulate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:

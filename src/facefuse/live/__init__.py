@@ -14,9 +14,9 @@ without it (or without PyAV) still imports this package.
 
 from __future__ import annotations
 
-from facefuse.live.loop import FrameLoop, LiveFigures, LiveObserver
+from facefuse.live.loop import FrameLoop, LiveFigures, LiveObserver, live_options
 from facefuse.live.sdp import Offer, check_offer, check_viewer_offer
 from facefuse.live.sessions import LiveSessions, LiveSources, available
 
 __all__ = ["FrameLoop", "LiveFigures", "LiveObserver", "LiveSessions", "LiveSources", "Offer",
-           "available", "check_offer", "check_viewer_offer"]
+           "available", "check_offer", "check_viewer_offer", "live_options"]

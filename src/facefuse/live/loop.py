@@ -6,24 +6,30 @@ a frame there, and a frame still waiting in it is dropped (counted), never
 queued behind. The session's thread takes the slot's frame whenever fewer than
 ``workers`` frames are rendering, plans it with the video engine's per-frame state
 machine (:class:`~facefuse.video.engine.ClipFusion`: tracking, landmark
-smoothing, the per-track source; in frame order), renders it in a small pool
-(the render of one frame overlaps the tracking and render of the next, as in the
-clip engine), then finishes (tone smoothing, blend) and hands out the frames in
-order. So a slow frame delays only itself, and the frame fused next is always the
-newest there is: latency stays about one frame's work, whatever the camera's rate.
+smoothing, the per-track source; in frame order), renders it in a small pool,
+then finishes (tone smoothing, blend) and hands out the frames in order. So a
+slow frame delays only itself, and the frame fused next is always the newest
+there is: latency stays about one frame's work, whatever the camera's rate. With
+``workers`` 2 the next frame is planned while the one before renders, taken late
+enough that its plan ends about when that render does (taken earlier it would
+only wait, older): the renders follow one another, each frame's plan hidden
+behind the render before, for more frames a second where a second core is free.
 
 With ``processes``, where the clip's swapper can
 (:func:`~facefuse.live.render.forkable`), the renders run in a child process forked
 by that thread instead of the pool (:class:`~facefuse.live.render.ForkedRenderer`,
 frames through shared memory): they no longer take turns at the interpreter lock
 with the tracking, aiortc's codec threads and the event loop. The child ends with
-the thread; one that dies leaves the session rendering in its threads. With
-``workers`` 2 the next frame is planned while the child renders the one before,
-taken late enough that its plan ends about when that render does.
+the thread; one that dies leaves the session rendering in its threads.
 
 Changes asked for while frames flow (a degree, a new source) are queued as
 callables and applied by that thread between two plans, in order (a render
 already running finishes with what it started with).
+
+A session's clip state is made with :func:`live_options`: a small face (a 640x480
+camera's) is rendered at a lower working resolution than a clip's, and a face's
+glasses and facial hair looked for half as often (the CPU a frame takes is what
+bounds a session's fps on a few shared cores).
 
 Output frames keep the input's timestamps. Where faces were fused only their
 regions are converted back to the camera's 4:2:0 picture
@@ -47,11 +53,13 @@ import cv2
 import numpy as np
 
 from facefuse.fusion.swappers.base import FaceLayer
+from facefuse.fusion.types import FuseOptions
 from facefuse.live.render import ForkedRenderer, forkable
-from facefuse.video.engine import ClipFusion, FramePlan
+from facefuse.video.engine import ClipFusion, FramePlan, VideoOptions
 from facefuse.video.io import patched_picture
 
-__all__ = ["FrameLoop", "LiveFigures", "LiveObserver"]
+__all__ = ["LIVE_MIN_SCALE", "LIVE_REGIONS_EVERY", "LIVE_WORK_EYE_PX", "FrameLoop",
+           "LiveFigures", "LiveObserver", "live_options"]
 
 log = logging.getLogger("facefuse.live")
 
@@ -63,6 +71,30 @@ LATENCY_WINDOW = 600
 RATE_WINDOW_S = 2.0
 #: The weight of the newest time in the smoothed plan and render times.
 _SMOOTH = 0.2
+#: The eye distance (pixels) a live frame's face is rendered at when it is larger (a
+#: clip's: :data:`~facefuse.fusion.swappers.classic.swapper.CLIP_WORK_EYE_PX`); the
+#: layer is still put together at the camera's resolution, its detail from the
+#: source at its own. See docs/live.md, "Where a frame's time goes", for what it
+#: saved and what it changed.
+LIVE_WORK_EYE_PX = 56.0
+#: ... for a face it shrinks to no less than this share of its own resolution (a
+#: 640x480 camera's face, ~67 px between the eyes: the same identity). A larger face
+#: (720p) renders as a clip's frames do: shrunk to 0.56 or 0.64 of its own, its
+#: embedding moved toward the target's in three of four strangers' pairs.
+LIVE_MIN_SCALE = 0.8
+#: Frames a face's glasses, facial hair and iris colour are carried (a clip's: 4);
+#: sooner when the face turns, changes expression or size.
+LIVE_REGIONS_EVERY = 8
+
+
+def live_options(fuse: FuseOptions) -> VideoOptions:
+    """The clip options a live session's frames are fused with: ``fuse``, rendered
+    at :data:`LIVE_WORK_EYE_PX` (within :data:`LIVE_MIN_SCALE`), the worn regions
+    carried :data:`LIVE_REGIONS_EVERY` frames (the frame loop renders, not the clip
+    engine's workers)."""
+    return VideoOptions(fuse=fuse, threads=1, processes=False,
+                        regions_every=LIVE_REGIONS_EVERY, work_eye_px=LIVE_WORK_EYE_PX,
+                        work_min_scale=LIVE_MIN_SCALE)
 
 
 class LiveObserver(Protocol):
@@ -196,6 +228,8 @@ class FrameLoop:
         self._t0: float | None = None
         #: A frame's conversion and plan, seconds (smoothed).
         self._plan_s = 0.0
+        #: A frame's render in the pool, seconds (smoothed).
+        self._render_s = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -298,19 +332,19 @@ class FrameLoop:
 
     def _take_in(self, pending: deque[_InFlight]) -> float | None:
         """Seconds until the slot's frame is to be taken (0.0: now; None: not before a
-        frame in flight is done): when fewer than ``workers`` are in flight; with a
-        render process, once the last one's render is about a plan's time from its
-        end (taken earlier, the frame would only wait, older, for the child)."""
+        frame in flight is done): when fewer than ``workers`` are in flight, once the
+        last one's render is about a plan's time from its end (taken earlier, the
+        frame would only wait, older, for that render: in the child, or for the
+        cores its thread and this one share)."""
         if not pending:
             return 0.0
         if len(pending) >= self._workers:
             return None
-        if self._renderer is None:
-            return 0.0
         last = pending[-1]
         if last.layers.done():
             return 0.0
-        due = last.t0 + last.plan_s + self._renderer.render_s - self._plan_s
+        render_s = self._render_s if self._renderer is None else self._renderer.render_s
+        due = last.t0 + last.plan_s + render_s - self._plan_s
         return max(0.0, due - time.monotonic())
 
     def _wake(self, _: object = None) -> None:
@@ -336,13 +370,23 @@ class FrameLoop:
                 log.warning("the render process died: rendering in threads")
                 self._drop_renderer()
             layers = (self._renderer.submit(plan) if self._renderer is not None
-                      else pool.submit(self.state.render, plan))
+                      else pool.submit(self._render, plan))
         except Exception:
             log.exception("a live frame could not be planned; passed through unfused")
             plan, scaled, layers, plan_s = None, False, Future(), 0.0
             layers.set_result([])
         layers.add_done_callback(self._wake)
         return _InFlight(frame, received, t0, plan, scaled, layers, plan_s)
+
+    def _render(self, plan: FramePlan) -> list[FaceLayer]:
+        """A pool thread's render of ``plan``, timed."""
+        t0 = time.monotonic()
+        layers = self.state.render(plan)
+        seconds = time.monotonic() - t0
+        # (The first render's time as it is: smoothed from 0, the next frames would
+        # be taken too early for a while.)
+        self._render_s += (seconds - self._render_s) * (_SMOOTH if self._render_s else 1.0)
+        return layers
 
     def _finish(self, x: _InFlight) -> tuple[Any, float]:
         """(the output picture, when its input came)."""

@@ -411,6 +411,10 @@ class ClipFusion:
         assert face.landmarks is not None
         if c is None or index - tr.carried_at >= every or not c.fits(face.landmarks):
             c = self.swapper.carry(rgb, face, self._render_options, source)
+            eye = self.options.work_eye_px
+            if (c is not None and eye is not None
+                    and eye >= self.options.work_min_scale * eye_distance(face.landmarks)):
+                c = dataclasses.replace(c, work_eye_px=eye)
             tr.carried_at = index
         tr.carried = c
         return c

@@ -39,6 +39,13 @@ class VideoOptions:
             found every this many frames and moved with the face between
             (:mod:`facefuse.fusion.carry`; sooner when the face turns, changes
             expression or size; 1: found on every frame, as for a photo).
+        work_eye_px: the eye distance (pixels) the frames rendered with carried
+            findings are rendered at when their face is larger (None: the
+            swapper's own for clips); a live session renders lower (see
+            :mod:`facefuse.live.loop`) —
+        work_min_scale: — but only a face it would shrink to no less than this
+            share of its own resolution; a larger face is rendered at the swapper's
+            own (0: every face).
     """
 
     fuse: FuseOptions = field(default_factory=FuseOptions)
@@ -59,6 +66,12 @@ class VideoOptions:
                                       help="Frames between looks for glasses and facial hair.")
     processes: bool = option_field(True, http=False,
                                    help="Render in forked child processes, not threads.")
+    work_eye_px: float | None = option_field(
+        None, low=16.0, high=256.0, unit="pixels", http=False,
+        help="Working eye distance of frames rendered with carried findings.")
+    work_min_scale: float = option_field(
+        0.0, low=0.0, high=1.0, http=False,
+        help="Least share of a face's own resolution the working eye distance may keep.")
 
     def __post_init__(self) -> None:
         check_declared(self)

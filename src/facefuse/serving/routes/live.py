@@ -47,6 +47,7 @@ from facefuse.errors import (
 )
 from facefuse.fusion.select import check_usable
 from facefuse.fusion.types import FuseOptions
+from facefuse.live.loop import live_options
 from facefuse.live.sdp import MAX_OFFER_BYTES, check_offer
 from facefuse.live.sessions import LiveSessions, SessionsObserver
 from facefuse.serving.http.inputs import RequestFields, read_request, validate_params
@@ -54,7 +55,7 @@ from facefuse.serving.routes.requests import require_key
 from facefuse.serving.routes.responses import ERRORS as _ERRORS
 from facefuse.serving.routes.schemas import FuseOptionParams as _FuseOptionParams
 from facefuse.serving.state import Services, services
-from facefuse.video.engine import ClipFusion, VideoOptions
+from facefuse.video.engine import ClipFusion
 
 if TYPE_CHECKING:
     from facefuse.live.session import LiveSession
@@ -249,7 +250,7 @@ async def start_live(request: Request) -> Response:
     data, described = await _source_bytes(svc, owner, params, image)
     fuse = params.options()
     fuser = pipeline.fuser
-    video = VideoOptions(fuse=fuse, threads=1, processes=False)
+    video = live_options(fuse)
     session, answer = await sessions.create(
         owner, offer, lambda: ClipFusion(fuser, video, [data]), updater=_updater(svc),
         describe={"source": described, "options": params.option_values()})

@@ -650,7 +650,8 @@ class ClassicSwapper:
         )
         x0, y0, x1, y1 = region
         # A clip's frame with carried findings renders at its own working scale.
-        eye_px = self.work_eye_px if carried is None else self.clip_eye_px
+        eye_px = (self.work_eye_px if carried is None
+                  else carried.work_eye_px or self.clip_eye_px)
         scale = min(1.0, eye_px / max(1.0, eye_distance(tgt_lm)))
         # Everything in _layer runs in the region's frame at the working scale.
         region_rgb = np.ascontiguousarray(target_rgb[y0:y1, x0:x1])
