@@ -258,6 +258,9 @@ async def test_offers_and_sources_it_cannot_take_are_typed_errors(
         assert r.status_code == 404 and r.json()["error"]["code"] == "live_source_not_found"
         r = await video.post("/v1/live", good, {"source_id": source_id, "degree": 101})
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_argument"
+        # An unknown swapper is refused at the door, as on /v1/fuse.
+        r = await video.post("/v1/live", good, {"source_id": source_id, "swapper": "nope"})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_swapper"
         async with httpx.AsyncClient(base_url=server.url, timeout=60,
                                      headers=video.headers) as c:
             wall = np.full((240, 320, 3), 120, np.uint8)

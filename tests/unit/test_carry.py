@@ -278,16 +278,16 @@ def test_a_clip_asking_its_own_working_eye_distance_renders_its_carried_frames_a
 
     source = samples["obama"]
     frame, _, s = moving[1]
-    options = FuseOptions(evaluate=False)
+    fuse = FuseOptions(evaluate=False)
     clip = ClassicSwapper()
     assert eye_distance(s.landmarks) > CLIP_WORK_EYE_PX > LIVE_WORK_EYE_PX
-    carried = clip.carry(moving[0][0], moving[0][2].faces[0], options, source.faces[0])
-    asked = dataclasses.replace(carried, work_eye_px=LIVE_WORK_EYE_PX)
-    live = clip.render(source.image, source.faces[0], frame, s.faces[0], options, asked)
+    found = clip.carry(moving[0][0], moving[0][2].faces[0], fuse, source.faces[0])
+    lower = dataclasses.replace(found, work_eye_px=LIVE_WORK_EYE_PX)
+    at_live = clip.render(source.image, source.faces[0], frame, s.faces[0], fuse, lower)
     made = ClassicSwapper(clip_eye_px=LIVE_WORK_EYE_PX).render(
-        source.image, source.faces[0], frame, s.faces[0], options, carried)
-    at_clip = clip.render(source.image, source.faces[0], frame, s.faces[0], options, carried)
-    assert np.array_equal(live.face, made.face) and np.array_equal(live.mask, made.mask)
-    inside = np.minimum(live.mask, at_clip.mask) > 0.5
-    diff = np.abs(live.face - at_clip.face).max(axis=2)[inside]
+        source.image, source.faces[0], frame, s.faces[0], fuse, found)
+    at_clip = clip.render(source.image, source.faces[0], frame, s.faces[0], fuse, found)
+    assert np.array_equal(at_live.face, made.face) and np.array_equal(at_live.mask, made.mask)
+    inside = np.minimum(at_live.mask, at_clip.mask) > 0.5
+    diff = np.abs(at_live.face - at_clip.face).max(axis=2)[inside]
     assert 0.0 < float(diff.mean()) < 4.0, float(diff.mean())

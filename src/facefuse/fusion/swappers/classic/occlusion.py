@@ -511,3 +511,14 @@ def soften(mask: np.ndarray, grow_px: float, sigma: float) -> np.ndarray:
         m = cv2.GaussianBlur(m, (0, 0), sigma)
     out: np.ndarray = np.clip(m, 0.0, 1.0).astype(np.float32)
     return out
+
+
+def readable_skin(image: np.ndarray, lm: np.ndarray, outline: np.ndarray) -> np.ndarray:
+    """(H, W) float32: where a fill may read the face's skin: its ``outline`` weighed
+    by the skin probability. (The whole face's skin model: each side's would cost
+    three probability maps for a weight the fill's wide Gaussians smooth anyway.)"""
+    model = fit_skin_model(image, lm)
+    if model is None:
+        return outline
+    out: np.ndarray = outline * skin_probability(image, model, skin_blur(lm))
+    return out
