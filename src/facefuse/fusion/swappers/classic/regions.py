@@ -795,7 +795,7 @@ def worn_regions(image: np.ndarray, landmarks: np.ndarray, *, glasses: bool,
     :func:`face_occluders` finds them (at scale 1), without the other occluders;
     ``openings``: less the eyes and lips (see :func:`face_occluders`)."""
     lm = np.asarray(landmarks, np.float64)
-    found = (occ.on_face_crop(image, lm, facial_hair_mask) if facial_hair
+    found = (facial_hair_regions(image, lm) if facial_hair
              else np.zeros(image.shape[:2], np.float32))
     if glasses:
         np.maximum(found, glasses_mask(image, lm), out=found)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from facefuse.fusion.swappers.classic.detail import LUMA
+
 #: Scales of the fill's Gaussians, in eye distances (fine to coarse).
 FILL_SIGMAS = (0.03, 0.1, 0.3, 1.0)
 #: Share of the full weight a scale needs around a pixel to be used there.
@@ -114,9 +116,8 @@ def dark_residue(image: np.ndarray, filled: np.ndarray, inside: np.ndarray,
     are ``filled`` (both (H, W, 3)), inside the face (``inside`` > 0.5) and off its
     ``features`` (> 0.5 there; grown by :data:`RESIDUE_CLEAR`), by the thresholds
     above: a piece of an occluder the finders left, to be filled too."""
-    luma = np.asarray([0.299, 0.587, 0.114], np.float32)
-    y = np.asarray(image, np.float32) @ luma
-    around = _blur(np.asarray(filled, np.float32) @ luma, max(0.5, RESIDUE_SIGMA * eye_px))
+    y = np.asarray(image, np.float32) @ LUMA
+    around = _blur(np.asarray(filled, np.float32) @ LUMA, max(0.5, RESIDUE_SIGMA * eye_px))
     r = max(1, round(RESIDUE_CLEAR * eye_px))
     clear = cv2.dilate((features > 0.5).astype(np.uint8),
                        cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1, 2 * r + 1)))
